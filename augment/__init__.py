@@ -1,0 +1,42 @@
+"""TinyBERT data augmentation: masked-LM candidates for single-piece words, word-vector neighbours for the rest."""
+
+from augment.augmenter import CandidateGenerator, load_stopwords, match_case, sample_copies, split_words
+from augment.dataset import augment_dataset, augment_examples, load_shards
+from augment.vectors import NeighbourCache, VectorsError, load_word_vectors
+
+__all__ = [
+    "CandidateGenerator",
+    "NeighbourCache",
+    "VectorsError",
+    "augment_dataset",
+    "augment_examples",
+    "build_generator",
+    "load_shards",
+    "load_stopwords",
+    "load_word_vectors",
+    "match_case",
+    "sample_copies",
+    "split_words",
+]
+
+
+def build_generator(config, masked_lm_name: str, device: str = "cpu") -> CandidateGenerator:
+    """A :class:`CandidateGenerator` from an :class:`~distill.config.AugmentConfig` and a masked LM name or path.
+
+    Raises:
+        teachers.ModelError: the masked LM has no MLM head.
+        VectorsError: the word vectors cannot be found.
+    """
+    from teachers.models import load_masked_lm, load_tokenizer
+
+    vectors = load_word_vectors(config.word_vectors, config.max_vocab)
+    return CandidateGenerator(
+        load_masked_lm(masked_lm_name),
+        load_tokenizer(masked_lm_name),
+        NeighbourCache(vectors, config.num_candidates),
+        load_stopwords(config.stopwords),
+        config.num_candidates,
+        config.mlm_context,
+        config.batch_size,
+        device,
+    )

@@ -1,0 +1,228 @@
+"""TinyBERT data augmentation (Jiao et al., 2020, §3.3, Algorithm 1), batched.
+
+For every word that is alphabetic and not a stop word, a candidate list is built once per sentence:
+- a word that is a single word piece is masked and the masked LM's top-K predictions are taken (continuation
+  pieces such as ``##ing`` dropped);
+- a word of several pieces gets its K nearest word-vector neighbours by cosine similarity (GloVe);
+then each of N copies replaces every such word, with probability p, by a uniformly drawn candidate.
+
+Departures from the reference code, on purpose:
+- Speed: the masked-LM work of many words and sentences runs as one batch (rows sorted by length, the LM head applied
+  only at the masked positions) instead of one forward per word; neighbours are cached per word.
+- Faithfulness of the output: words are replaced in place in the original string, so the input's casing and spacing
+  are kept (the reference lower-cases and re-spaces); a replacement takes the capitalisation of the word it replaces.
+- Special tokens ([UNK], [SEP], ...) are never candidates. The full vocabulary of the word vectors is used (the
+  reference loaded the first 100k).
+- Determinism: each example draws from its own RNG seeded by (seed, example index, column), so the output does not
+  depend on batch size or worker count.
+As in the reference code, with ``mlm_context="pair"`` the masked LM sees ``[CLS] masked sentence [SEP] original
+sentence [SEP]``; ``"single"`` gives it the masked sentence only. A word without candidates keeps itself as its only
+candidate, and copies identical to the original or to an earlier copy are dropped.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from distill.data import DataError
+
+WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
+# Attribute holding the masked-LM head, so it runs only at the masked positions.
+MLM_HEADS = {"bert": "cls", "roberta": "lm_head", "xlm-roberta": "lm_head", "camembert": "lm_head", "albert": "predictions"}
+
+
+def split_words(text: str) -> list[tuple[int, int]]:
+    """Word spans (start, end) of ``text``: runs of letters/digits, or single punctuation marks (like BERT's basic
+    tokenizer, without lower-casing)."""
+    return [match.span() for match in WORD_PATTERN.finditer(text)]
+
+
+def load_stopwords(path: str | None = None) -> frozenset[str]:
+    """Stop words, lower-cased: a file (one a line), else NLTK's English list (the bundled copy when NLTK's data is
+    not installed)."""
+    if path is None:
+        try:
+            from nltk.corpus import stopwords
+
+            return frozenset(stopwords.words("english"))
+        except LookupError:
+            path = str(Path(__file__).resolve().parent.parent / "distill" / "assets" / "stopwords" / "english")
+    if not Path(path).is_file():
+        raise DataError(f"stop word file {path} not found; give a file with one word a line")
+    words = Path(path).read_text(encoding="utf-8").split()
+    return frozenset(w.lower() for w in words)
+
+
+def match_case(candidate: str, original: str) -> str:
+    """``candidate`` with the capitalisation pattern of ``original`` (UPPER, Capitalised or as is)."""
+    if len(original) > 1 and original.isupper():
+        return candidate.upper()
+    if original[:1].isupper():
+        return candidate[:1].upper() + candidate[1:]
+    return candidate
+
+
+@dataclass
+class MaskedRow:
+    """One masked-LM query: the word at ``span`` of ``text`` masked."""
+
+    text: str
+    span: tuple[int, int]
+    needs_space: bool  # a BPE word preceded by a space: candidates must be word-initial with the space marker
+
+
+class CandidateGenerator:
+    """Candidate lists for augmentation, batched across words and sentences.
+
+    Args:
+        masked_lm: a ``...ForMaskedLM`` model (BERT WordPiece or RoBERTa BPE), in eval mode.
+        tokenizer: its tokenizer.
+        neighbours: word -> K nearest word-vector neighbours (see :class:`augment.vectors.NeighbourCache`).
+        stopwords: lower-cased stop words, never replaced.
+        num_candidates: K.
+        mlm_context: "pair" (reference: masked sentence, then the original as segment B) or "single".
+        batch_size: masked rows per forward.
+        device: where the masked LM runs.
+    """
+
+    def __init__(
+        self,
+        masked_lm: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        neighbours: Callable[[str], list[str]],
+        stopwords: frozenset[str],
+        num_candidates: int = 15,
+        mlm_context: str = "pair",
+        batch_size: int = 128,
+        device: str | torch.device = "cpu",
+    ):
+        self.model, self.tokenizer = masked_lm.eval().to(device), tokenizer
+        self.neighbours, self.stopwords = neighbours, stopwords
+        self.num_candidates, self.mlm_context = num_candidates, mlm_context
+        self.batch_size, self.device = batch_size, device
+        self.space_sensitive = self._pieces(" a") != self._pieces("a")  # BPE with a leading-space marker
+        self.special_ids = set(tokenizer.all_special_ids)
+        self._piece_cache: dict[tuple[bool, str], int] = {}
+
+    def _pieces(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def is_candidate_word(self, word: str) -> bool:
+        """Words the algorithm may replace: alphabetic and not a stop word."""
+        return word.isalpha() and word.lower() not in self.stopwords
+
+    def num_pieces(self, word: str, after_space: bool) -> int:
+        """Number of word pieces of ``word`` (with the leading-space marker for BPE words after a space)."""
+        key = (after_space and self.space_sensitive, word)
+        if key not in self._piece_cache:
+            self._piece_cache[key] = len(self._pieces((" " if key[0] else "") + word))
+        return self._piece_cache[key]
+
+    def candidates(self, texts: list[str]) -> list[dict[tuple[int, int], list[str]]]:
+        """Candidate lists for every replaceable word of every text.
+
+        Returns:
+            One dict per text: word span -> candidates (the word itself when nothing else was found), in text order.
+        """
+        results: list[dict[tuple[int, int], list[str]]] = []
+        rows: list[MaskedRow] = []
+        owners: list[tuple[int, tuple[int, int]]] = []
+        for index, text in enumerate(texts):
+            found: dict[tuple[int, int], list[str]] = {}
+            for start, end in split_words(text):
+                word = text[start:end]
+                if not self.is_candidate_word(word):
+                    continue
+                after_space = start > 0 and text[start - 1].isspace()
+                if self.num_pieces(word, after_space) == 1:
+                    found[(start, end)] = []  # filled by the batched masked-LM pass below
+                    rows.append(MaskedRow(text, (start, end), after_space and self.space_sensitive))
+                    owners.append((index, (start, end)))
+                else:
+                    found[(start, end)] = list(self.neighbours(word))
+            results.append(found)
+        for (index, span), words in zip(owners, self.masked_lm_candidates(rows)):
+            results[index][span] = words
+        for text, found in zip(texts, results):
+            for (start, end), words in found.items():
+                if not words:
+                    words.append(text[start:end])
+        return results
+
+    def _encode(self, row: MaskedRow) -> list[int]:
+        start, end = row.span
+        masked = row.text[:start] + self.tokenizer.mask_token + row.text[end:]
+        if self.mlm_context == "pair":
+            return self.tokenizer(masked, row.text, truncation=True)["input_ids"]
+        return self.tokenizer(masked, truncation=True)["input_ids"]
+
+    @torch.no_grad()
+    def masked_lm_candidates(self, rows: list[MaskedRow]) -> list[list[str]]:
+        """Top-K masked-LM predictions for each row, continuation pieces and special tokens dropped."""
+        encoded = [self._encode(row) for row in rows]
+        order = sorted(range(len(rows)), key=lambda i: len(encoded[i]))
+        out: list[list[str]] = [[] for _ in rows]
+        for first in range(0, len(order), self.batch_size):
+            chunk = order[first : first + self.batch_size]
+            top = self._top_k([encoded[i] for i in chunk])
+            for i, ids in zip(chunk, top):
+                out[i] = self._decode_candidates(ids, rows[i].needs_space)
+        return out
+
+    def _top_k(self, sequences: list[list[int]]) -> list[list[int]]:
+        batch = self.tokenizer.pad({"input_ids": sequences}, return_tensors="pt").to(self.device)
+        is_mask = batch["input_ids"] == self.tokenizer.mask_token_id
+        # The first [MASK] of each row is the masked word (the pair's second text is unmasked).
+        first_mask = is_mask.int().argmax(dim=1)
+        rows = torch.arange(len(sequences), device=self.device)
+        head_name = MLM_HEADS.get(self.model.config.model_type)
+        if head_name is not None:
+            hidden = self.model.base_model(**batch).last_hidden_state[rows, first_mask]
+            logits = getattr(self.model, head_name)(hidden)
+        else:
+            logits = self.model(**batch).logits[rows, first_mask]
+        return logits.topk(self.num_candidates, dim=-1).indices.tolist()
+
+    def _decode_candidates(self, ids: list[int], needs_space: bool) -> list[str]:
+        words = []
+        for token_id in ids:
+            if token_id in self.special_ids:
+                continue
+            text = self.tokenizer.decode([token_id])
+            if text.startswith("##") or (needs_space and not text.startswith(" ")):
+                continue  # a continuation piece, not a word
+            text = text.strip()
+            if text:
+                words.append(text)
+        return words
+
+
+def sample_copies(
+    text: str,
+    candidates: dict[tuple[int, int], list[str]],
+    num_copies: int,
+    replace_prob: float,
+    rng: random.Random,
+) -> list[str]:
+    """N augmented versions of ``text`` (TinyBERT Algorithm 1, lines 12-17); duplicates are removed by the caller.
+
+    For each copy and each replaceable word in order: draw a candidate uniformly, then replace the word with
+    probability ``replace_prob`` (the same draw order as the reference code).
+    """
+    copies = []
+    for _ in range(num_copies):
+        pieces, cursor = [], 0
+        for (start, end), words in candidates.items():
+            choice = rng.choice(words)
+            if rng.random() < replace_prob:
+                pieces += [text[cursor:start], match_case(choice, text[start:end])]
+                cursor = end
+        copies.append("".join(pieces) + text[cursor:])
+    return copies

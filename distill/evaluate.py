@@ -1,0 +1,85 @@
+"""Task metrics and evaluation of a classifier on a tokenized dev set.
+
+Shapes: N examples, C classes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy import stats
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from distill.data import TaskSpec, collator
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of predictions equal to the labels, in [0, 1]."""
+    return float((predictions == labels).mean())
+
+
+def f1(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
+    """F1 of the positive class (GLUE's MRPC/QQP convention), in [0, 1]; 0 when there are no true positives."""
+    tp = int(((predictions == positive) & (labels == positive)).sum())
+    fp = int(((predictions == positive) & (labels != positive)).sum())
+    fn = int(((predictions != positive) & (labels == positive)).sum())
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def matthews_corrcoef(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Matthews correlation coefficient of binary predictions (CoLA), in [-1, 1]; 0 when undefined."""
+    tp = float(((predictions == 1) & (labels == 1)).sum())
+    tn = float(((predictions == 0) & (labels == 0)).sum())
+    fp = float(((predictions == 1) & (labels == 0)).sum())
+    fn = float(((predictions == 0) & (labels == 1)).sum())
+    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return 0.0 if denominator == 0 else (tp * tn - fp * fn) / denominator
+
+
+def compute_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """The task's metrics from model outputs.
+
+    Args:
+        outputs: (N, C) logits, or (N, 1) / (N,) predictions for regression.
+        labels: (N,) gold class ids or scores.
+    """
+    if spec.is_regression:
+        predictions = outputs.reshape(-1)
+        table = {
+            "pearson": lambda: float(stats.pearsonr(predictions, labels)[0]),
+            "spearmanr": lambda: float(stats.spearmanr(predictions, labels)[0]),
+        }
+    else:
+        predictions = outputs.argmax(axis=-1)
+        table = {
+            "accuracy": lambda: accuracy(predictions, labels),
+            "f1": lambda: f1(predictions, labels),
+            "matthews_corrcoef": lambda: matthews_corrcoef(predictions, labels),
+        }
+    return {name: table[name]() for name in spec.metrics}
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
+    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C)."""
+    model.eval().to(device)
+    columns = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in dataset.column_names]
+    inputs = dataset.select_columns(columns)
+    # Sort by length so batches carry little padding; restore the order afterwards.
+    order = np.argsort([len(ids) for ids in inputs["input_ids"]], kind="stable")
+    loader = DataLoader(inputs.select(order), batch_size=batch_size, collate_fn=collator(tokenizer))
+    chunks = []
+    for batch in tqdm(loader, desc="evaluate", leave=False):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        chunks.append(model(**batch).logits.float().cpu())
+    logits = torch.cat(chunks).numpy()
+    restored = np.empty_like(logits)
+    restored[order] = logits
+    return restored
+
+
+def evaluate(model, dataset, tokenizer, spec: TaskSpec, batch_size: int = 64, device: str = "cpu") -> dict:
+    """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`)."""
+    logits = predict(model, dataset, tokenizer, batch_size, device)
+    return compute_metrics(spec, logits, np.asarray(dataset["labels"]))

@@ -1,0 +1,150 @@
+"""TinyBERT's distillation losses as pure functions of tensors (Jiao et al., 2020, §3.1, Eq. 7-10).
+
+Shapes: B batch, T tokens, A heads, h_S / h_T student / teacher hidden sizes, C classes.
+
+Departures from the reference code, on purpose:
+- Padding is excluded. The reference code zeroes masked scores with a −1e2 threshold and averages over all T×T pairs,
+  so its loss depends on how much padding a batch has. Here the attention loss averages over valid (query, key) pairs
+  and the hidden loss over valid tokens, so padding a batch further does not change either.
+- The prediction loss is averaged over the batch only (the reference code also divides by the number of classes).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def match_heads(teacher_scores: torch.Tensor, num_student_heads: int) -> torch.Tensor:
+    """Reduce teacher attention heads to the student's head count.
+
+    Rule (ours; the paper assumes equal counts): when the teacher has A_T = k·A_S heads, teacher heads are averaged
+    in consecutive groups of k (heads [0..k-1] → student head 0, ...). Equal counts are returned unchanged.
+
+    Args:
+        teacher_scores: (B, A_T, T, T).
+        num_student_heads: A_S.
+
+    Returns:
+        (B, A_S, T, T).
+
+    Raises:
+        ValueError: A_T is not a multiple of A_S.
+    """
+    batch, num_teacher_heads, queries, keys = teacher_scores.shape
+    if num_teacher_heads == num_student_heads:
+        return teacher_scores
+    if num_teacher_heads % num_student_heads:
+        raise ValueError(
+            f"teacher has {num_teacher_heads} attention heads and student {num_student_heads}: the attention loss "
+            "needs the teacher's count to be a multiple of the student's; change student.num_attention_heads"
+        )
+    group = num_teacher_heads // num_student_heads
+    return teacher_scores.view(batch, num_student_heads, group, queries, keys).mean(dim=2)
+
+
+def attention_loss(
+    student_scores: torch.Tensor, teacher_scores: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """L_attn for one layer pair: mean over heads of the MSE of pre-softmax scores (TinyBERT Eq. 7).
+
+    Args:
+        student_scores: (B, A, T, T) pre-softmax scores QKᵀ/√d of a student layer.
+        teacher_scores: (B, A_T, T, T) of the mapped teacher layer (A_T a multiple of A, see :func:`match_heads`).
+        attention_mask: (B, T), 1 for real tokens, 0 for padding.
+
+    Returns:
+        Scalar: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid pairs).
+    """
+    teacher_scores = match_heads(teacher_scores, student_scores.shape[1])
+    mask = attention_mask.to(student_scores.dtype)
+    pair_mask = mask[:, None, :, None] * mask[:, None, None, :]  # (B, 1, T, T)
+    squared = (student_scores - teacher_scores.to(student_scores.dtype)).square() * pair_mask
+    num_pairs = pair_mask.sum() * student_scores.shape[1]
+    return squared.sum() / num_pairs.clamp(min=1)
+
+
+def hidden_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    projection: nn.Module | None = None,
+) -> torch.Tensor:
+    """L_hidn / L_embd for one layer pair: MSE(h_S W, h_T) over real tokens (TinyBERT Eq. 8, 9).
+
+    Args:
+        student_hidden: (B, T, h_S).
+        teacher_hidden: (B, T, h_T).
+        attention_mask: (B, T), 1 for real tokens.
+        projection: learnable map h_S → h_T (W); None when h_S == h_T.
+
+    Returns:
+        Scalar: Σ over real tokens and h_T dims of squared differences / (number of real tokens · h_T).
+    """
+    if projection is not None:
+        student_hidden = projection(student_hidden)
+    if student_hidden.shape[-1] != teacher_hidden.shape[-1]:
+        raise ValueError(
+            f"student hidden size {student_hidden.shape[-1]} differs from the teacher's {teacher_hidden.shape[-1]} "
+            "and no projection was given"
+        )
+    mask = attention_mask.to(student_hidden.dtype)[..., None]  # (B, T, 1)
+    squared = (student_hidden - teacher_hidden.to(student_hidden.dtype)).square() * mask
+    return squared.sum() / (mask.sum() * student_hidden.shape[-1]).clamp(min=1)
+
+
+def soft_cross_entropy(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """L_pred: −softmax(z_T / t) · log_softmax(z_S / t), averaged over the batch (TinyBERT Eq. 10).
+
+    Args:
+        student_logits, teacher_logits: (B, C).
+        temperature: t > 0.
+
+    Returns:
+        Scalar, in nats.
+    """
+    targets = F.softmax(teacher_logits.float() / temperature, dim=-1)
+    log_probs = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    return -(targets * log_probs).sum(dim=-1).mean()
+
+
+def prediction_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 1.0,
+    temperature_squared: bool = False,
+    regression: bool = False,
+    labels: torch.Tensor | None = None,
+    hard_label_weight: float = 0.0,
+) -> torch.Tensor:
+    """The prediction-step loss: soft cross-entropy (or MSE for regression) plus an optional hard-label term.
+
+    Args:
+        student_logits, teacher_logits: (B, C), or (B, 1) for regression.
+        temperature: t of :func:`soft_cross_entropy`.
+        temperature_squared: multiply the soft term by t² (Hinton et al., 2015), keeping gradient scale across t.
+        regression: use MSE to the teacher's prediction (e.g. STS-B) instead of soft cross-entropy.
+        labels: (B,) gold labels, needed when ``hard_label_weight`` > 0.
+        hard_label_weight: weight of cross-entropy (MSE for regression) to the gold labels.
+
+    Returns:
+        Scalar.
+    """
+    if regression:
+        loss = F.mse_loss(student_logits.float().squeeze(-1), teacher_logits.float().squeeze(-1))
+    else:
+        loss = soft_cross_entropy(student_logits, teacher_logits, temperature)
+        if temperature_squared:
+            loss = loss * temperature**2
+    if hard_label_weight > 0:
+        if labels is None:
+            raise ValueError("hard_label_weight > 0 needs gold labels in the batch")
+        if regression:
+            hard = F.mse_loss(student_logits.float().squeeze(-1), labels.float())
+        else:
+            hard = F.cross_entropy(student_logits.float(), labels)
+        loss = loss + hard_label_weight * hard
+    return loss

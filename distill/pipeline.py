@@ -1,0 +1,216 @@
+"""The main job: teacher → masked LM → augmentation → task distillation (intermediate, prediction) → report.
+
+Every stage writes its own folder under ``output_dir`` and a ``stage.json`` marker when it is complete; a complete
+stage is skipped on re-run, an interrupted one resumes from its last checkpoint or shard. Each stage's run id
+fingerprints its config and its inputs' run ids, so outputs of a different config are refused, not silently reused.
+
+Layout: ``teacher/`` (HF checkpoint), ``mlm/`` (HF masked LM), ``augmented/`` (dataset shards),
+``teacher_logits/`` (cached teacher logits), ``student_intermediate/`` (after the intermediate step, plus
+``projections.safetensors``), ``student/`` (final HF checkpoint), ``report.json``, ``report.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+from safetensors.torch import save_file
+from transformers import AutoModelForSequenceClassification
+
+from augment import augment_dataset, build_generator, load_shards
+from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
+from distill.config import PipelineConfig, TrainConfig, fingerprint, to_dict
+from distill.data import TaskSpec, collator, get_task, load_task_data, tokenize
+from distill.evaluate import evaluate, predict
+from distill.layer_map import build_layer_map
+from distill.objective import DistillationObjective
+from distill.report import build_report, count_parameters, size_mb, time_models, write_report
+from distill.trainer import train
+from students import build_student, student_shape
+from teachers import (
+    adapt_mlm,
+    check_same_vocabulary,
+    check_teacher_quality,
+    finetune_teacher,
+    load_teacher,
+    load_tokenizer,
+)
+from teachers.models import load_config as load_model_config
+
+logger = logging.getLogger(__name__)
+
+
+def _banner(name: str, folder: Path) -> None:
+    logger.info("=== stage: %s -> %s", name, folder)
+
+
+def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path) -> dict:
+    """Fine-tune a teacher from ``teacher.base_model``, or take the given fine-tuned ``teacher.model``."""
+    folder = out / "teacher"
+    run_id = fingerprint(config.task, config.teacher)
+    if (record := stage_done(folder, run_id)) is not None:
+        logger.info("teacher: done (dev %s), skipping", record["dev"])
+        return record
+    _banner("teacher", folder)
+    if config.teacher.model is None:
+        return finetune_teacher(config.teacher, config.task, spec, data, folder, run_id)
+    teacher = load_teacher(config.teacher.model, spec)
+    tokenizer = load_tokenizer(config.teacher.model)
+    metrics = evaluate(teacher, tokenize(data["dev"], tokenizer, spec, config.task.max_seq_length), tokenizer, spec)
+    check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model)
+    teacher.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model})
+
+
+def mlm_stage(config: PipelineConfig, out: Path) -> str:
+    """The masked LM for augmentation: the configured one, or one adapted here. Returns its name or path."""
+    if config.mlm.model is not None:
+        return config.mlm.model
+    folder = out / "mlm"
+    run_id = fingerprint(config.mlm)
+    if stage_done(folder, run_id) is None:
+        _banner("adapt-mlm", folder)
+        adapt_mlm(config.mlm, folder, run_id)
+    return str(folder)
+
+
+def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path) -> tuple[datasets.Dataset, str]:
+    """The distillation training set: augmented (TinyBERT §3.3) or the original. Returns (dataset, run id)."""
+    if not config.augment.enabled:
+        return data["train"], fingerprint(config.task, "no-augmentation")
+    mlm = mlm_stage(config, out)
+    folder = out / "augmented"
+    run_id = fingerprint(config.task, config.augment, mlm if config.mlm.model else config.mlm)
+    if (record := stage_done(folder, run_id)) is not None:
+        logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
+        return load_shards(folder), run_id
+    _banner("augmentation", folder)
+    generator = build_generator(config.augment, mlm)
+    augmented = augment_dataset(data["train"], spec.text_columns, generator, config.augment, folder)
+    num_augmented = int(np.sum(augmented["is_augmented"]))
+    mark_stage_done(folder, run_id, {"num_rows": len(augmented), "num_augmented": num_augmented})
+    logger.info("augmentation: %d rows (%d augmented) from %d examples", len(augmented), num_augmented, len(data["train"]))
+    return augmented, run_id
+
+
+def _student(config: PipelineConfig, teacher, teacher_tokenizer, layer_map: list[int]):
+    if config.student.model is None:
+        return build_student(teacher, config.student, layer_map)
+    check_same_vocabulary(teacher_tokenizer, load_tokenizer(config.student.model), config.student.model)
+    return AutoModelForSequenceClassification.from_pretrained(
+        config.student.model, num_labels=teacher.config.num_labels, id2label=teacher.config.id2label,
+        label2id=teacher.config.label2id,
+    )
+
+
+def _student_layers(config: PipelineConfig) -> int:
+    if config.student.model is not None:
+        return load_model_config(config.student.model).num_hidden_layers
+    return student_shape(config.student)["num_hidden_layers"]
+
+
+def _distill_step(
+    name: str, config: PipelineConfig, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
+    terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str,
+) -> DistillationObjective:
+    """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
+    layer_map = build_layer_map(
+        config.distill.layer_map, teacher.config.num_hidden_layers, student.config.num_hidden_layers
+    )
+    objective = DistillationObjective(
+        teacher, student, terms, layer_map, config.distill.share_projection, config.distill.temperature,
+        config.distill.temperature_squared, config.distill.hard_label_weight, spec.is_regression,
+    )
+    train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)")
+    student.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    return objective
+
+
+def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
+                  train_data: datasets.Dataset, data_run_id: str, out: Path) -> dict:
+    """Task distillation (TinyBERT §3.4): intermediate step (embedding, hidden, attention), then prediction step."""
+    teacher_dir = out / "teacher"
+    tokenizer = load_tokenizer(str(teacher_dir))
+    weights = config.distill.weights
+    columns = [*spec.text_columns, "label"]
+    train_set = tokenize(train_data.select_columns(columns), tokenizer, spec, config.task.max_seq_length)
+
+    step1 = out / "student_intermediate"
+    step1_config = {k: v for k, v in to_dict(config.distill).items() if k != "prediction"}
+    run1 = fingerprint(teacher_record["run_id"], data_run_id, config.student, step1_config)
+    if stage_done(step1, run1) is None:
+        _banner("task distillation, intermediate step", step1)
+        teacher = load_teacher(str(teacher_dir), spec)
+        layer_map = build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
+        student = _student(config, teacher, tokenizer, layer_map)
+        terms = {t: weights.get(t, 1.0) for t in ("embedding", "hidden", "attention")}
+        objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
+                                  config.distill.intermediate, step1, run1)
+        projections = {k: v.contiguous() for k, v in objective.trainable["projections"].state_dict().items()}
+        save_file(projections, step1 / "projections.safetensors")
+        mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map]})
+
+    final = out / "student"
+    run2 = fingerprint(run1, config.distill.prediction, config.distill.temperature, config.distill.temperature_squared,
+                       config.distill.hard_label_weight, weights.get("prediction", 1.0))
+    if (record := stage_done(final, run2)) is not None:
+        logger.info("student: done (dev %s), skipping", record["dev"])
+        return record
+    _banner("task distillation, prediction step", final)
+    teacher = load_teacher(str(teacher_dir), spec)
+    train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits",
+                                    fingerprint(teacher_record["run_id"], data_run_id))
+    student = AutoModelForSequenceClassification.from_pretrained(step1)
+    _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set,
+                  {"prediction": weights.get("prediction", 1.0)}, config.distill.prediction, final, run2)
+    metrics = evaluate(student, tokenize(data["dev"], tokenizer, spec, config.task.max_seq_length), tokenizer, spec)
+    logger.info("student dev metrics: %s", metrics)
+    return mark_stage_done(final, run2, {"dev": metrics})
+
+
+def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str) -> datasets.Dataset:
+    """Add a ``teacher_logits`` column (B, C), computed once and cached on disk: the prediction step then skips the
+    teacher forward."""
+    if stage_done(folder, run_id) is None:
+        logits = predict(teacher, train_set, tokenizer, batch_size=128)
+        datasets.Dataset.from_dict({"teacher_logits": logits.tolist()}).save_to_disk(str(folder / "data"))
+        mark_stage_done(folder, run_id, {"num_rows": len(logits)})
+    cached = datasets.load_from_disk(str(folder / "data"))
+    if len(cached) != len(train_set):
+        raise RuntimeError(f"cached teacher logits in {folder} have {len(cached)} rows, the data {len(train_set)}")
+    return train_set.add_column("teacher_logits", cached["teacher_logits"])
+
+
+def report_stage(config: PipelineConfig, teacher_record: dict, student_record: dict, out: Path) -> dict:
+    """Time teacher and student interleaved and write ``report.json`` / ``report.md``."""
+    _banner("report", out)
+    models, entries = {}, {}
+    for name, record in (("teacher", teacher_record), ("student", student_record)):
+        folder = out / name
+        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        models[name] = model
+        entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model)}
+    for name, timing in time_models(models, config.report).items():
+        entries[name].update(timing)
+    report = build_report(entries, config.report)
+    write_report(report, out)
+    return report
+
+
+def run_pipeline(config: PipelineConfig) -> dict:
+    """Run every stage of the main job (skipping finished ones) and return the report."""
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "config.json", to_dict(config))
+    spec = get_task(config.task.name)
+    data = load_task_data(config.task)
+    teacher_record = teacher_stage(config, spec, data, out)
+    train_data, data_run_id = augment_stage(config, spec, data, out)
+    student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out)
+    return report_stage(config, teacher_record, student_record, out)

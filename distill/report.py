@@ -1,0 +1,144 @@
+"""Size, speed and accuracy of teacher and students side by side: ``report.json`` and ``report.md``.
+
+Latency is the wall time of one forward pass (no gradients, eval mode) on random token ids of a fixed length,
+median (and p90) over repeated runs after warm-up. Models are timed interleaved (each repeat runs every model once)
+so that machine noise spreads evenly over them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from distill.checkpoint import write_json_atomic
+from distill.config import ReportConfig
+
+
+def size_mb(model_dir: Path) -> float:
+    """On-disk size of the weight files (``*.safetensors``/``*.bin``) in ``model_dir``, in MB (10^6 bytes)."""
+    files = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("pytorch_model*.bin"))
+    return sum(f.stat().st_size for f in files) / 1e6
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """Total parameters, and parameters outside the embedding layer (what compute scales with)."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = sum(p.numel() for p in model.get_input_embeddings().parameters())
+    return {"num_parameters": total, "num_parameters_without_embeddings": total - embedding}
+
+
+def _inputs(model: torch.nn.Module, batch_size: int, seq_length: int, generator: torch.Generator) -> dict:
+    vocab = model.config.vocab_size
+    ids = torch.randint(1000 if vocab > 2000 else 1, vocab, (batch_size, seq_length), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+@torch.no_grad()
+def time_models(models: dict[str, torch.nn.Module], config: ReportConfig) -> dict[str, dict]:
+    """Latency of each model at each batch size, timed interleaved.
+
+    Returns:
+        {name: {"latency_ms": {"batch_1": {"median", "p90"}, ...}, "samples_per_s": at the largest batch}}.
+    """
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    generator = torch.Generator().manual_seed(0)
+    results: dict[str, dict] = {name: {"latency_ms": {}} for name in models}
+    for batch_size in config.batch_sizes:
+        inputs = {name: _inputs(m.eval(), batch_size, config.seq_length, generator) for name, m in models.items()}
+        for _ in range(config.num_warmup):
+            for name, model in models.items():
+                model(**inputs[name])
+        samples: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(config.num_repeats):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(**inputs[name])
+                samples[name].append((time.perf_counter() - start) * 1000)
+        for name, times in samples.items():
+            ordered = sorted(times)
+            results[name]["latency_ms"][f"batch_{batch_size}"] = {
+                "median": statistics.median(ordered),
+                "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+            }
+    largest = max(config.batch_sizes)
+    for name in models:
+        median = results[name]["latency_ms"][f"batch_{largest}"]["median"]
+        results[name]["samples_per_s"] = largest / (median / 1000)
+    return results
+
+
+def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher") -> dict:
+    """Add ratios to the reference model (smaller by, faster by, metric retained) and the timing setup."""
+    base = entries[reference]
+    largest = f"batch_{max(config.batch_sizes)}"
+    for entry in entries.values():
+        entry["ratios"] = {
+            "smaller_by": base["num_parameters"] / entry["num_parameters"],
+            "faster_by": base["latency_ms"][largest]["median"] / entry["latency_ms"][largest]["median"],
+            "metric_retained": _retained(entry["dev"], base["dev"]),
+        }
+    setup = {
+        "seq_length": config.seq_length,
+        "batch_sizes": config.batch_sizes,
+        "num_repeats": config.num_repeats,
+        "num_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    return {"models": entries, "timing": setup}
+
+
+def _retained(metrics: dict, reference: dict) -> float | None:
+    name = next(iter(reference), None)
+    if name is None or not reference[name]:
+        return None
+    return metrics[name] / reference[name]
+
+
+def write_report(report: dict, output_dir: Path) -> None:
+    """Write ``report.json`` (machine-readable, one entry per model, top-level per-model keys ``accuracy`` etc.)
+    and ``report.md`` (a table)."""
+    flat = {}
+    for name, entry in report["models"].items():
+        largest = max(report["timing"]["batch_sizes"])
+        flat[name] = {
+            **entry["dev"],
+            "num_parameters": entry["num_parameters"],
+            "num_parameters_without_embeddings": entry["num_parameters_without_embeddings"],
+            "size_mb": entry["size_mb"],
+            "latency_ms": {k: v["median"] for k, v in entry["latency_ms"].items()},
+            "latency_p90_ms": {k: v["p90"] for k, v in entry["latency_ms"].items()},
+            "samples_per_s": entry["samples_per_s"],
+            "throughput_batch_size": largest,
+            "ratios": entry["ratios"],
+            "path": entry.get("path"),
+        }
+    write_json_atomic(output_dir / "report.json", {**flat, "_timing": report["timing"]})
+    (output_dir / "report.md").write_text(markdown_table(flat, report["timing"]), encoding="utf-8")
+
+
+def markdown_table(flat: dict, timing: dict) -> str:
+    metric_names = [k for k in next(iter(flat.values())) if k in ("accuracy", "f1", "pearson", "spearmanr", "matthews_corrcoef")]
+    batches = [f"batch_{b}" for b in timing["batch_sizes"]]
+    header = ["model", *metric_names, "params (M)", "size (MB)", *[f"latency {b.replace('_', ' ')} (ms)" for b in batches],
+              "samples/s", "smaller by", "faster by", "metric retained"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, e in flat.items():
+        retained = e["ratios"]["metric_retained"]
+        cells = [name, *[f"{e[m]:.4f}" for m in metric_names], f"{e['num_parameters'] / 1e6:.1f}", f"{e['size_mb']:.1f}",
+                 *[f"{e['latency_ms'][b]:.1f}" for b in batches], f"{e['samples_per_s']:.0f}",
+                 f"{e['ratios']['smaller_by']:.2f}x", f"{e['ratios']['faster_by']:.2f}x",
+                 "-" if retained is None else f"{100 * retained:.1f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = (f"\nLatency: median of {timing['num_repeats']} interleaved runs after warm-up, sequence length "
+            f"{timing['seq_length']}, {timing['num_threads']} threads, torch {timing['torch']}; samples/s at batch "
+            f"{max(timing['batch_sizes'])}.\n")
+    return "\n".join(lines) + "\n" + note
+
+
+def load_report(output_dir: Path) -> dict:
+    return json.loads((Path(output_dir) / "report.json").read_text(encoding="utf-8"))

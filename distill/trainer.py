@@ -1,0 +1,227 @@
+"""The one training loop used by every stage: teacher fine-tuning, MLM adaptation and both distillation steps.
+
+It runs through `accelerate` (CPU, one GPU, or several processes under ``accelerate launch``), checkpoints every
+``save_steps`` optimizer steps and at the end, and resumes exactly: model, projections, optimizer, scheduler, RNG
+states and the data position are restored, so on CPU an interrupted and resumed run ends with the same weights as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from distill.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from distill.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss term became NaN or infinite; the last good checkpoint is kept."""
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Batches of a seeded permutation per epoch, starting at a given batch: the data position is resumable.
+
+    With several processes each takes its share of every global batch (rank::world_size), so the global batch is
+    ``batch_size · world_size`` examples and the data order does not depend on the number of processes.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.num_examples, self.batch_size, self.seed = num_examples, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start_batch = 0, 0
+
+    def set_position(self, epoch: int, start_batch: int) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __len__(self) -> int:
+        return max(0, self.batches_per_epoch() - self.start_batch)
+
+    def batches_per_epoch(self) -> int:
+        return math.ceil(self.num_examples / (self.batch_size * self.world_size))
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
+        order = torch.randperm(self.num_examples, generator=generator).tolist()
+        global_batch = self.batch_size * self.world_size
+        for b in range(self.start_batch, self.batches_per_epoch()):
+            chunk = order[b * global_batch : (b + 1) * global_batch]
+            yield chunk[self.rank :: self.world_size] or chunk[:1]
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch
+    batch_in_epoch: int = 0  # micro-batches of the current epoch already consumed
+    samples: int = 0  # examples seen (all processes)
+
+
+def _optimizer(trainable: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, parameter in trainable.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim < 2 else decay).append(parameter)  # biases and LayerNorm weights
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.learning_rate)
+
+
+def total_steps(config: TrainConfig, num_examples: int, world_size: int = 1) -> int:
+    """Optimizer steps of a run: ``max_steps``, or ``num_epochs`` passes over ``num_examples``."""
+    if config.max_steps is not None:
+        return config.max_steps
+    batches = math.ceil(num_examples / (config.batch_size * world_size))
+    return max(1, math.ceil(config.num_epochs * batches / config.gradient_accumulation_steps))
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def train(
+    objective: nn.Module,
+    dataset: Dataset,
+    collate_fn: Callable[[list], dict],
+    config: TrainConfig,
+    output_dir: str | Path,
+    run_id: str,
+    description: str = "train",
+    accelerator: Accelerator | None = None,
+) -> TrainState:
+    """Optimise ``objective.trainable`` on ``dataset``; resume from ``output_dir/checkpoints`` when present.
+
+    Args:
+        objective: module with ``trainable`` (ModuleDict) and ``forward(batch) -> (loss, terms)``.
+        dataset: indexable dataset of examples; ``collate_fn`` turns a list of them into a batch of tensors.
+        config: steps, batch size, learning rate, schedule, checkpointing.
+        output_dir: the stage folder; checkpoints go to ``checkpoints/``, logs to ``log.jsonl``.
+        run_id: fingerprint of what is being trained; a checkpoint with another run_id is refused.
+        description: progress-bar label.
+
+    Returns:
+        The final :class:`TrainState`; ``objective.trainable`` holds the trained weights.
+
+    Raises:
+        CheckpointError: a checkpoint in ``output_dir`` belongs to another run.
+        NonFiniteLossError: a loss term became NaN or infinite (names step, term and batch).
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision)
+    torch.manual_seed(config.seed)
+    world = accelerator.num_processes
+    sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, accelerator.process_index, world)
+    # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, generator=torch.Generator())
+    steps = total_steps(config, len(dataset), world)
+    objective.to(accelerator.device)
+    trainable = objective.trainable
+    optimizer = _optimizer(trainable, config)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * steps), steps)
+    model = accelerator.prepare_model(trainable) if world > 1 else trainable
+
+    state = TrainState()
+    checkpoint = latest_checkpoint(output_dir / "checkpoints")
+    if checkpoint is not None:
+        saved = load_checkpoint(checkpoint, run_id, trainable, optimizer, scheduler)
+        state = TrainState(**saved["state"])
+        _set_rng_state(saved["rng"])
+        logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, state.step, steps)
+    if state.step >= steps:
+        return state
+
+    objective.train()
+    log_file = (output_dir / "log.jsonl").open("a", encoding="utf-8")
+    progress = tqdm(total=steps, initial=state.step, desc=description, disable=not accelerator.is_main_process)
+    accumulate = config.gradient_accumulation_steps
+    window = {"start": time.perf_counter(), "samples": 0}
+    micro = 0
+    while state.step < steps:
+        sampler.set_position(state.epoch, state.batch_in_epoch)
+        for batch in loader:
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            micro += 1
+            with accelerator.autocast():
+                loss, terms = objective(batch)
+            _check_finite(loss, terms, state, description)
+            accelerator.backward(loss / accumulate)
+            state.batch_in_epoch += 1
+            size = len(batch["input_ids"]) * world
+            state.samples += size
+            window["samples"] += size
+            if micro % accumulate:
+                continue
+            if config.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            progress.update(1)
+            progress.set_postfix({k: f"{v.item():.4f}" for k, v in terms.items()})
+            if state.step % config.log_steps == 0 or state.step == steps:
+                _log(log_file, state, loss, terms, scheduler, window, accelerator)
+            if state.step % config.save_steps == 0 or state.step == steps:
+                if accelerator.is_main_process:
+                    save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state, _rng_state())
+                accelerator.wait_for_everyone()
+            if state.step >= steps:
+                break
+        else:
+            state.epoch += 1
+            state.batch_in_epoch = 0
+    progress.close()
+    log_file.close()
+    return state
+
+
+def _check_finite(loss: torch.Tensor, terms: dict, state: TrainState, description: str) -> None:
+    if torch.isfinite(loss):
+        return
+    bad = [name for name, value in terms.items() if not torch.isfinite(value)] or ["total"]
+    raise NonFiniteLossError(
+        f"{description}: loss term {bad[0]!r} is {terms.get(bad[0], loss).item()} at optimizer step {state.step + 1} "
+        f"(epoch {state.epoch}, batch {state.batch_in_epoch}); stopping. The last good checkpoint is kept; lower the "
+        "learning rate or check the data, then re-run to resume."
+    )
+
+
+def _log(log_file, state: TrainState, loss, terms: dict, scheduler, window: dict, accelerator: Accelerator) -> None:
+    elapsed = time.perf_counter() - window["start"]
+    record = {
+        "step": state.step,
+        "epoch": state.epoch,
+        "loss": loss.item(),
+        **{f"loss/{name}": value.item() for name, value in terms.items()},
+        "learning_rate": scheduler.get_last_lr()[0],
+        "samples_per_s": window["samples"] / max(elapsed, 1e-9),
+    }
+    window["start"], window["samples"] = time.perf_counter(), 0
+    if accelerator.is_main_process:
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()

@@ -1,0 +1,142 @@
+"""Command line: parse, build, call. All logic lives in the packages, where tests reach it.
+
+    python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
+    python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
+    python run_distill.py augment    [--config FILE] [--task NAME] [--data-dir DIR] --mlm MODEL --output-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "sst2_minilm.yaml"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])})")
+    parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
+    parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
+    parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="run_distill.py", description="TinyBERT-style knowledge distillation")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
+    _common(pipeline)
+    pipeline.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune")
+
+    mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
+    mlm.add_argument("--config", help="YAML config whose mlm section is used")
+    mlm.add_argument("--model", help="encoder (hub name, folder, or 'minilm'); overrides mlm.base_model")
+    mlm.add_argument("--corpus", nargs="+", help="text files, one sentence a line (.txt/.gz); overrides mlm.corpus")
+    mlm.add_argument("--max-steps", type=int, help="optimizer steps (overrides mlm.train.max_steps)")
+    mlm.add_argument("--output-dir", required=True, help="where the ...ForMaskedLM checkpoint is saved")
+
+    augment = commands.add_parser("augment", help="TinyBERT data augmentation of a task's training set")
+    _common(augment)
+    augment.add_argument("--mlm", help="masked LM (hub name or folder); overrides mlm.model")
+    augment.add_argument("--num-copies", type=int, help="N (overrides augment.num_copies)")
+    augment.add_argument("--max-examples", type=int, help="augment only the first N examples")
+    return parser.parse_args(argv)
+
+
+def _setup_logging(output_dir: Path | None) -> None:
+    import transformers
+
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(output_dir / "run.log", encoding="utf-8"))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers)
+    transformers.logging.set_verbosity_error()  # expected "newly initialised head" load reports are noise here
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from distill.config import load_config
+
+    config_file = args.config or (str(DEFAULT_CONFIG) if args.command == "pipeline" else None)
+    overrides = {"output_dir": args.output_dir}
+    if args.command in ("pipeline", "augment"):
+        overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
+    if args.command == "pipeline":
+        overrides["teacher.model"] = args.teacher
+    if args.command == "adapt-mlm":
+        overrides.update({"mlm.base_model": args.model, "mlm.corpus": args.corpus, "mlm.train.max_steps": args.max_steps})
+    if args.command == "augment":
+        overrides.update({"mlm.model": args.mlm, "augment.num_copies": args.num_copies,
+                          "augment.max_examples": args.max_examples})
+    try:
+        config = load_config(config_file, overrides)
+        _setup_logging(Path(config.output_dir))
+        return COMMANDS[args.command](config)
+    except KnownErrors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def KnownErrors() -> tuple[type[Exception], ...]:
+    """Errors that carry a message for the user (no traceback needed)."""
+    from augment import VectorsError
+    from distill.capture import CaptureError
+    from distill.checkpoint import CheckpointError
+    from distill.config import ConfigError
+    from distill.data import DataError
+    from distill.trainer import NonFiniteLossError
+    from teachers import ModelError
+
+    return ConfigError, DataError, ModelError, CheckpointError, VectorsError, CaptureError, NonFiniteLossError
+
+
+def run_pipeline_command(config) -> int:
+    from distill.pipeline import run_pipeline
+
+    start = time.perf_counter()
+    report = run_pipeline(config)
+    out = Path(config.output_dir)
+    print((out / "report.md").read_text(encoding="utf-8"))
+    print(f"done in {time.perf_counter() - start:.0f} s; student: {out / 'student'}; report: {out / 'report.md'}")
+    return 0 if report else 1
+
+
+def run_adapt_mlm_command(config) -> int:
+    from distill.config import fingerprint
+    from distill.checkpoint import stage_done
+    from teachers import adapt_mlm
+
+    folder = Path(config.output_dir)
+    run_id = fingerprint(config.mlm)
+    if stage_done(folder, run_id) is None:
+        adapt_mlm(config.mlm, folder, run_id)
+    print(f"masked LM saved to {folder}")
+    return 0
+
+
+def run_augment_command(config) -> int:
+    from augment import augment_dataset, build_generator
+    from distill.config import ConfigError
+    from distill.data import get_task, load_task_data
+
+    if config.mlm.model is None:
+        raise ConfigError("augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; see adapt-mlm)")
+    spec = get_task(config.task.name)
+    data = load_task_data(config.task)
+    generator = build_generator(config.augment, config.mlm.model)
+    folder = Path(config.output_dir)
+    augmented = augment_dataset(data["train"], spec.text_columns, generator, config.augment, folder)
+    print(f"{len(augmented)} rows ({sum(augmented['is_augmented'])} augmented) in {folder / 'shards'}")
+    for row in augmented.select(range(min(5, len(augmented)))):
+        print(row)
+    return 0
+
+
+COMMANDS = {"pipeline": run_pipeline_command, "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Build TinyBERT-style students as plain `transformers` models.
+
+The student copies the teacher's config (model type, vocabulary, positions, token types, labels) and overrides its
+shape; so it loads with ``from_pretrained`` and runs in ``pipeline()`` with no code of ours.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+
+from distill.config import StudentConfig
+
+logger = logging.getLogger(__name__)
+
+# Shapes from TinyBERT (Jiao et al., 2020, §4.1) and common small configurations.
+PRESETS: dict[str, dict[str, int]] = {
+    "tinybert-4l-312": {"num_hidden_layers": 4, "hidden_size": 312, "intermediate_size": 1200, "num_attention_heads": 12},
+    "tinybert-6l-768": {"num_hidden_layers": 6, "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12},
+    "2l-128": {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 512, "num_attention_heads": 2},
+    "3l-384": {"num_hidden_layers": 3, "hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 12},
+}
+
+SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
+
+
+def student_shape(config: StudentConfig) -> dict[str, int]:
+    """The student's layer count and sizes: the preset, overridden by explicit fields.
+
+    Raises:
+        ValueError: unknown preset, or a field missing when there is no preset.
+    """
+    if config.preset is not None and config.preset not in PRESETS:
+        raise ValueError(f"unknown student preset {config.preset!r}; presets: {', '.join(PRESETS)}")
+    shape = dict(PRESETS[config.preset]) if config.preset else {}
+    shape.update({k: getattr(config, k) for k in SHAPE_FIELDS if getattr(config, k) is not None})
+    missing = [k for k in SHAPE_FIELDS if k not in shape]
+    if missing:
+        raise ValueError(f"student shape incomplete: set student.preset or student.{missing[0]}")
+    if shape["hidden_size"] % shape["num_attention_heads"]:
+        raise ValueError(
+            f"student hidden_size {shape['hidden_size']} is not divisible by num_attention_heads "
+            f"{shape['num_attention_heads']}"
+        )
+    return shape
+
+
+def student_config(teacher_config: PretrainedConfig, shape: dict[str, int]) -> PretrainedConfig:
+    """The teacher's config with the student's shape."""
+    config = copy.deepcopy(teacher_config)
+    for key, value in shape.items():
+        setattr(config, key, value)
+    config.architectures = None
+    return config
+
+
+def build_student(
+    teacher: PreTrainedModel, config: StudentConfig, layer_map: list[int] | None = None
+) -> PreTrainedModel:
+    """A new student classifier shaped by ``config``, randomly initialised or initialised from teacher layers.
+
+    Args:
+        teacher: the teacher classifier (its config supplies everything but the shape).
+        config: preset / sizes and ``init`` ("random" or "teacher").
+        layer_map: teacher layers [g(1), ..., g(M)] copied into student layers 1..M when ``init == "teacher"``.
+
+    Raises:
+        ValueError: ``init == "teacher"`` but hidden or FFN sizes differ from the teacher's.
+    """
+    shape = student_shape(config)
+    model = AutoModelForSequenceClassification.from_config(student_config(teacher.config, shape))
+    if config.init == "teacher":
+        init_from_teacher(model, teacher, layer_map or list(range(1, shape["num_hidden_layers"] + 1)))
+    logger.info("student: %s, %.1fM parameters, init %s", shape, model.num_parameters() / 1e6, config.init)
+    return model
+
+
+def init_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_map: list[int]) -> None:
+    """Copy embeddings, teacher layers g(1..M) and the pooler/classifier into the student (DistilBERT-style).
+
+    Raises:
+        ValueError: the hidden or FFN sizes differ, so weights cannot be copied.
+    """
+    for key in ("hidden_size", "intermediate_size"):
+        if getattr(student.config, key) != getattr(teacher.config, key):
+            raise ValueError(
+                f"student.init 'teacher' needs the teacher's {key} ({getattr(teacher.config, key)}), the student has "
+                f"{getattr(student.config, key)}; use init 'random' or the teacher's sizes"
+            )
+    teacher_state = teacher.state_dict()
+    prefix = teacher.base_model_prefix
+    state = {}
+    for name in student.state_dict():
+        source = name
+        marker = f"{prefix}.encoder.layer."
+        if name.startswith(marker):
+            index, rest = name[len(marker) :].split(".", 1)
+            source = f"{marker}{layer_map[int(index)] - 1}.{rest}"
+        if source in teacher_state:
+            state[name] = teacher_state[source]
+    student.load_state_dict(state, strict=False)
