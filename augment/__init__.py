@@ -2,7 +2,7 @@
 
 from augment.augmenter import CandidateGenerator, load_stopwords, match_case, sample_copies, split_words
 from augment.dataset import augment_dataset, augment_examples, load_shards
-from augment.vectors import NeighbourCache, VectorsError, load_word_vectors
+from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
 
 __all__ = [
     "CandidateGenerator",
@@ -11,6 +11,7 @@ __all__ = [
     "augment_dataset",
     "augment_examples",
     "build_generator",
+    "check_word_vectors",
     "load_shards",
     "load_stopwords",
     "load_word_vectors",

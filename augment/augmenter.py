@@ -32,10 +32,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from distill.data import DataError
+from distill.objective import masked_lm_logits
 
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
-# Attribute holding the masked-LM head, so it runs only at the masked positions.
-MLM_HEADS = {"bert": "cls", "roberta": "lm_head", "xlm-roberta": "lm_head", "camembert": "lm_head", "albert": "predictions"}
 
 
 def split_words(text: str) -> list[tuple[int, int]]:
@@ -181,13 +180,9 @@ class CandidateGenerator:
         is_mask = batch["input_ids"] == self.tokenizer.mask_token_id
         # The first [MASK] of each row is the masked word (the pair's second text is unmasked).
         first_mask = is_mask.int().argmax(dim=1)
-        rows = torch.arange(len(sequences), device=self.device)
-        head_name = MLM_HEADS.get(self.model.config.model_type)
-        if head_name is not None:
-            hidden = self.model.base_model(**batch).last_hidden_state[rows, first_mask]
-            logits = getattr(self.model, head_name)(hidden)
-        else:
-            logits = self.model(**batch).logits[rows, first_mask]
+        positions = torch.zeros_like(is_mask)
+        positions[torch.arange(len(sequences), device=self.device), first_mask] = True
+        logits = masked_lm_logits(self.model, batch, positions)  # (rows, V), one per row in row order
         return logits.topk(self.num_candidates, dim=-1).indices.tolist()
 
     def _decode_candidates(self, ids: list[int], needs_space: bool) -> list[str]:

@@ -17,6 +17,22 @@ class VectorsError(ValueError):
     """Word vectors cannot be found or read."""
 
 
+def check_word_vectors(source: str) -> None:
+    """Raise :class:`VectorsError` now if ``source`` cannot be found (before hours of earlier stages run)."""
+    if source in PACKAGED:
+        try:
+            __import__(PACKAGED[source])
+        except ImportError as error:
+            raise VectorsError(f"package {PACKAGED[source]} is not installed: pip install {PACKAGED[source].replace('_', '-')}") from error
+    elif not Path(source).is_file():
+        raise VectorsError(_not_found(source))
+
+
+def _not_found(source: str) -> str:
+    return (f"word vectors {source!r} not found: give 'glove-6b-50d' (installed package), a GloVe .txt/.txt.gz file, "
+            "a word2vec .bin/.txt file or a gensim .kv file")
+
+
 def load_word_vectors(source: str, max_vocab: int | None = None) -> KeyedVectors:
     """Load word vectors.
 
@@ -30,14 +46,10 @@ def load_word_vectors(source: str, max_vocab: int | None = None) -> KeyedVectors
     Raises:
         VectorsError: the file does not exist or cannot be parsed.
     """
+    check_word_vectors(source)
     if source in PACKAGED:
         return _load_packaged(PACKAGED[source], max_vocab)
     path = Path(source)
-    if not path.is_file():
-        raise VectorsError(
-            f"word vectors {source!r} not found: give 'glove-6b-50d' (installed package), a GloVe .txt/.txt.gz file, "
-            "a word2vec .bin/.txt file or a gensim .kv file"
-        )
     try:
         if path.suffix == ".kv":
             vectors = KeyedVectors.load(str(path))
@@ -60,12 +72,9 @@ def _has_header(path: Path) -> bool:
 
 
 def _load_packaged(module_name: str, max_vocab: int | None) -> KeyedVectors:
-    try:
-        module = __import__(module_name)
-    except ImportError as error:
-        raise VectorsError(f"package {module_name} is not installed: pip install {module_name.replace('_', '-')}") from error
     import pandas as pd
 
+    module = __import__(module_name)
     root = Path(module.ROOT)
     words = pd.read_parquet(root / "glove_6B_index.parquet")["index"].astype(str).tolist()
     matrix = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")

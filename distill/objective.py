@@ -32,6 +32,44 @@ class ModelLossObjective(nn.Module):
         return loss, {self.name: loss.detach()}
 
 
+# Attribute of a ...ForMaskedLM model that holds its masked-LM head (hidden states -> vocabulary logits).
+MLM_HEADS = {"bert": "cls", "roberta": "lm_head", "xlm-roberta": "lm_head", "camembert": "lm_head", "albert": "predictions"}
+
+
+def masked_lm_logits(model: nn.Module, batch: dict, positions: torch.Tensor) -> torch.Tensor:
+    """Vocabulary logits at selected positions only: (P, V) for P = positions.sum().
+
+    The head's V-way projection dominates a masked-LM step when applied at every token; applying it only where it is
+    needed (the 15% masked tokens, or the one masked word in augmentation) is exact and several times cheaper.
+
+    Args:
+        model: a ``...ForMaskedLM`` model.
+        batch: model inputs (B, T).
+        positions: (B, T) bool, the positions to predict.
+    """
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    head_name = MLM_HEADS.get(model.config.model_type)
+    if head_name is None:  # unknown layout: full forward, then select
+        return model(**inputs).logits[positions]
+    hidden = model.base_model(**inputs).last_hidden_state[positions]
+    return getattr(model, head_name)(hidden)
+
+
+class MaskedLMObjective(nn.Module):
+    """Masked-LM cross-entropy (Devlin et al., 2019) with the head applied at the masked positions only."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.trainable = nn.ModuleDict({"model": model})
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        labels = batch["labels"]
+        positions = labels != -100
+        logits = masked_lm_logits(self.trainable["model"], batch, positions)
+        loss = nn.functional.cross_entropy(logits.float(), labels[positions])
+        return loss, {"mlm": loss.detach()}
+
+
 class DistillationObjective(nn.Module):
     """TinyBERT's distillation objective for one step (Jiao et al., 2020, Eq. 11).
 

@@ -20,9 +20,9 @@ import numpy as np
 from safetensors.torch import save_file
 from transformers import AutoModelForSequenceClassification
 
-from augment import augment_dataset, build_generator, load_shards
+from augment import augment_dataset, build_generator, check_word_vectors, load_shards, load_stopwords
 from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
-from distill.config import PipelineConfig, TrainConfig, fingerprint, to_dict
+from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict
 from distill.data import TaskSpec, collator, get_task, load_task_data, tokenize
 from distill.evaluate import evaluate, predict
 from distill.layer_map import build_layer_map
@@ -38,6 +38,7 @@ from teachers import (
     load_teacher,
     load_tokenizer,
 )
+from teachers.mlm import corpus_files
 from teachers.models import load_config as load_model_config
 
 logger = logging.getLogger(__name__)
@@ -203,8 +204,28 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
     return report
 
 
+def preflight(config: PipelineConfig) -> None:
+    """Check inputs of later stages before the first one runs, so a typo is not found an hour in.
+
+    Raises:
+        VectorsError, DataError: missing word vectors, stop word list or corpus file.
+        ConfigError: an unknown student preset or an impossible student shape.
+    """
+    if config.augment.enabled:
+        check_word_vectors(config.augment.word_vectors)
+        load_stopwords(config.augment.stopwords)
+        if config.mlm.model is None:
+            corpus_files(config.mlm.corpus)
+    if config.student.model is None:
+        try:
+            student_shape(config.student)
+        except ValueError as error:
+            raise ConfigError(f"student: {error}") from None
+
+
 def run_pipeline(config: PipelineConfig) -> dict:
     """Run every stage of the main job (skipping finished ones) and return the report."""
+    preflight(config)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", to_dict(config))

@@ -152,6 +152,7 @@ def train(
         state = TrainState(**saved["state"])
         _set_rng_state(saved["rng"])
         logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, state.step, steps)
+        _truncate_log(output_dir / "log.jsonl", state.step)
     if state.step >= steps:
         return state
 
@@ -198,6 +199,15 @@ def train(
     progress.close()
     log_file.close()
     return state
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log lines written after the checkpoint we resume from (they will be written again)."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def _check_finite(loss: torch.Tensor, terms: dict, state: TrainState, description: str) -> None:

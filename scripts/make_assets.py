@@ -53,8 +53,8 @@ def main() -> None:
         corpus += rng.sample(sentences, args.corpus_lines // 2)
     rng.shuffle(corpus)
     (out / "corpus").mkdir(exist_ok=True)
-    with gzip.open(out / "corpus/mlm_sample.txt.gz", "wt", encoding="utf-8") as f:
-        f.write("\n".join(corpus) + "\n")
+    with gzip.GzipFile(out / "corpus/mlm_sample.txt.gz", "wb", mtime=0) as f:  # mtime 0: same bytes every build
+        f.write(("\n".join(corpus) + "\n").encode("utf-8"))
 
     (out / "stopwords").mkdir(exist_ok=True)
     shutil.copyfile(shared / "stopwords/english", out / "stopwords/english")

@@ -16,7 +16,7 @@ from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling
 from distill.checkpoint import mark_stage_done
 from distill.config import MLMConfig
 from distill.data import ASSETS, DataError
-from distill.objective import ModelLossObjective
+from distill.objective import MaskedLMObjective
 from distill.trainer import train
 from teachers.models import load_tokenizer, resolve_model
 
@@ -63,7 +63,7 @@ def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str) -> dict:
         desc="tokenize corpus",
     )
     masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.mlm_probability)
-    objective = ModelLossObjective(model, name="mlm")
+    objective = MaskedLMObjective(model)
     train(objective, encoded, masking, config.train, stage_dir, run_id, "adapt-mlm")
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)

@@ -1,0 +1,46 @@
+from pathlib import Path
+
+import pytest
+
+from distill.config import ConfigError, PipelineConfig, fingerprint, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["sst2_minilm.yaml", "smoke.yaml"])
+def test_shipped_configs_load(name):
+    config = load_config(ROOT / "configs" / name)
+    assert config.task.name == "sst2"
+
+
+def test_default_config_is_the_tinybert_student():
+    config = load_config(ROOT / "configs" / "sst2_minilm.yaml")
+    assert config.student.preset == "tinybert-4l-312"
+    assert (config.augment.num_copies, config.augment.replace_prob, config.augment.num_candidates) == (20, 0.4, 15)
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("distill:\n  temperatur: 2\n", "unknown config key distill.temperatur"),
+        ("distill:\n  temperature: -1\n", "distill.temperature: must be > 0"),
+        ("augment:\n  replace_prob: 1.5\n", r"augment.replace_prob: must be in \[0, 1\]"),
+        ("distill:\n  intermediate:\n    learning_rate: abc\n", "distill.intermediate.learning_rate: expected float"),
+        ("task:\n  max_seq_length: 12.5\n", "task.max_seq_length: expected int"),
+        ("distill:\n  weights: {atention: 1}\n", "distill.weights.atention: unknown loss term"),
+        ("student:\n  init: pca\n", "student.init: must be random or teacher"),
+        ("- a\n- b\n", "must be a YAML mapping"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path, yaml_text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_overrides_and_fingerprints():
+    config = load_config(None, {"task.data_dir": "x", "teacher.model": None, "distill.layer_map": [1, 2]})
+    assert config.task.data_dir == "x" and config.teacher.model is None and config.distill.layer_map == [1, 2]
+    assert fingerprint(PipelineConfig().teacher) == fingerprint(PipelineConfig().teacher)
+    assert fingerprint(config.task) != fingerprint(PipelineConfig().task)

@@ -1,0 +1,54 @@
+import pytest
+
+from distill.config import TaskConfig
+from distill.data import DataError, get_task, load_task_data, read_glue_tsv
+
+
+def test_bundled_sst2_loads():
+    data = load_task_data(TaskConfig(name="sst2"))
+    assert len(data["train"]) == 10000 and len(data["dev"]) == 872
+    assert set(data["train"]["label"]) == {0, 1}
+
+
+def test_local_folder_and_limits(tmp_path):
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\na good film \t1\na bad film \t0\nok \t1\n")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine \t1\n")
+    data = load_task_data(TaskConfig(name="sst2", data_dir=str(tmp_path), max_train_examples=2))
+    assert data["train"]["sentence"] == ["a good film ", "a bad film "]
+    assert data["dev"]["label"] == [1]
+
+
+def test_malformed_line_gives_its_number(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("sentence\tlabel\nfine\t1\nbroken line\twith\ttabs\t0\n")
+    with pytest.raises(DataError, match=r"line 3: expected 2 tab-separated fields, found 4"):
+        read_glue_tsv(path, get_task("sst2"))
+
+
+def test_missing_column_lists_present_ones(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("text\tlabel\nfine\t1\n")
+    with pytest.raises(DataError, match=r"missing column\(s\) \['sentence'\]; present: \['text', 'label'\]"):
+        read_glue_tsv(path, get_task("sst2"))
+
+
+def test_label_outside_label_set(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("sentence\tlabel\nfine\t1\nodd\t2\n")
+    with pytest.raises(DataError, match=r"line 3: label '2' is not one of the sst2 labels 0..1"):
+        read_glue_tsv(path, get_task("sst2"))
+
+
+def test_empty_file_and_missing_folder(tmp_path):
+    (tmp_path / "train.tsv").write_text("")
+    with pytest.raises(DataError, match="is empty"):
+        read_glue_tsv(tmp_path / "train.tsv", get_task("sst2"))
+    with pytest.raises(DataError, match="does not exist"):
+        load_task_data(TaskConfig(name="sst2", data_dir=str(tmp_path / "nope")))
+
+
+def test_mrpc_columns_are_renamed(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text('\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tHe said "hi" .\tHe greeted .\n')
+    data = read_glue_tsv(path, get_task("mrpc"))
+    assert data[0] == {"sentence1": 'He said "hi" .', "sentence2": "He greeted .", "label": 1}

@@ -1,0 +1,101 @@
+"""The real CLI on configs/smoke.yaml: real MiniLM weights, the bundled SST-2 sample, a few steps per stage."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "run_distill.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    result = _run("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_report_has_teacher_and_student_numbers(smoke_run):
+    out, result = smoke_run
+    report = json.loads((out / "report.json").read_text())
+    for name in ("teacher", "student"):
+        entry = report[name]
+        assert 0.0 <= entry["accuracy"] <= 1.0
+        assert entry["num_parameters"] > 0 and entry["size_mb"] > 0 and entry["samples_per_s"] > 0
+        assert entry["latency_ms"]["batch_1"] > 0 and entry["latency_ms"]["batch_8"] > 0
+    assert report["teacher"]["num_parameters"] > 5 * report["student"]["num_parameters"]
+    assert report["student"]["ratios"]["smaller_by"] == pytest.approx(
+        report["teacher"]["num_parameters"] / report["student"]["num_parameters"])
+    assert "| student |" in (out / "report.md").read_text()
+    for stage in ("teacher", "mlm", "augmented", "student_intermediate", "student"):
+        assert (out / stage / "stage.json").exists(), stage
+    assert (out / "student_intermediate" / "projections.safetensors").exists()
+    log = [json.loads(line) for line in (out / "student_intermediate" / "log.jsonl").read_text().splitlines()]
+    assert {"loss/embedding", "loss/hidden", "loss/attention"} <= set(log[-1])
+
+
+def test_saved_student_reloads_to_the_same_logits_and_runs_in_a_pipeline(smoke_run):
+    out, _ = smoke_run
+    report = json.loads((out / "report.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(out / "student")
+    model = AutoModelForSequenceClassification.from_pretrained(out / "student").eval()
+    again = AutoModelForSequenceClassification.from_pretrained(out / "student").eval()
+    # The dev accuracy recomputed from the reloaded checkpoint equals the one the pipeline recorded.
+    lines = (ROOT / "distill" / "assets" / "sst2" / "dev.tsv").read_text().splitlines()[1:33]
+    texts, labels = [l.split("\t")[0] for l in lines], np.array([int(l.split("\t")[1]) for l in lines])
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits
+        assert torch.equal(logits, again(**batch).logits)
+    assert (logits.argmax(-1).numpy() == labels).mean() == pytest.approx(report["student"]["accuracy"])
+    classify = pipeline("text-classification", model=str(out / "student"), device="cpu")
+    prediction = classify("a charming and often affecting journey")[0]
+    assert prediction["label"] in ("negative", "positive")
+
+
+def test_rerun_skips_finished_stages(smoke_run):
+    out, _ = smoke_run
+    before = json.loads((out / "report.json").read_text())
+    result = _run("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "teacher: done" in result.stderr and "student: done" in result.stderr
+    assert "=== stage: teacher" not in result.stderr
+    after = json.loads((out / "report.json").read_text())
+    assert after["student"]["accuracy"] == before["student"]["accuracy"]
+
+
+def test_changed_config_is_not_mixed_with_old_outputs(smoke_run, tmp_path):
+    out, _ = smoke_run
+    config = (ROOT / "configs" / "smoke.yaml").read_text().replace("max_steps: 6", "max_steps: 7")
+    (tmp_path / "changed.yaml").write_text(config)
+    result = _run("pipeline", "--config", str(tmp_path / "changed.yaml"), "--output-dir", str(out))
+    assert result.returncode == 2
+    assert "holds the output of another run" in result.stderr and "--output-dir" in result.stderr
+
+
+def test_bad_input_gives_a_clear_error_and_no_traceback(tmp_path):
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\textra\n")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n")
+    result = _run("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data-dir", str(tmp_path),
+                  "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "train.tsv, line 3: expected 2 tab-separated fields, found 3" in result.stderr
+    assert "Traceback" not in result.stderr
+    bad = (ROOT / "configs" / "smoke.yaml").read_text().replace("  num_copies: 3", "  num_copies: 3\n  word_vectors: /no/such/glove.txt")
+    (tmp_path / "bad.yaml").write_text(bad)
+    result = _run("pipeline", "--config", str(tmp_path / "bad.yaml"), "--output-dir", str(tmp_path / "out2"))
+    assert result.returncode == 2
+    assert "word vectors '/no/such/glove.txt' not found" in result.stderr
+    assert not (tmp_path / "out2" / "teacher").exists()  # checked before any work is done

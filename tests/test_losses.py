@@ -1,0 +1,146 @@
+"""The distillation losses, with numbers."""
+
+import math
+
+import pytest
+import torch
+
+from distill.losses import attention_loss, hidden_loss, match_heads, prediction_loss, soft_cross_entropy
+from distill.objective import DistillationObjective
+from tests.conftest import padded_batch, tiny_bert
+
+
+def test_attention_loss_zero_when_equal():
+    scores = torch.randn(2, 4, 5, 5)
+    assert attention_loss(scores, scores.clone(), torch.ones(2, 5)).item() == 0.0
+
+
+def test_attention_loss_hand_computed_2x2():
+    # One example, one head, two tokens: squared differences 1, 4, 0, 9 -> mean 14/4.
+    student = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    teacher = torch.tensor([[[[0.0, 0.0], [3.0, 1.0]]]])
+    loss = attention_loss(student, teacher, torch.ones(1, 2))
+    assert loss.item() == pytest.approx(14 / 4)
+
+
+def test_attention_loss_averages_over_heads_and_valid_pairs():
+    # Two heads, second token is padding: only the (0, 0) pair counts; head errors 2^2 and 4^2 -> (4 + 16) / 2.
+    student = torch.zeros(1, 2, 2, 2)
+    teacher = torch.zeros(1, 2, 2, 2)
+    teacher[0, 0, 0, 0], teacher[0, 1, 0, 0] = 2.0, 4.0
+    teacher[0, :, 1, :] = 100.0  # padding rows/columns must not count
+    teacher[0, :, :, 1] = 100.0
+    loss = attention_loss(student, teacher, torch.tensor([[1, 0]]))
+    assert loss.item() == pytest.approx(10.0)
+
+
+def test_attention_loss_ignores_padding():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    mask = torch.ones(2, 4)
+    base = attention_loss(student, teacher, mask)
+    # Pad every example with 3 more positions holding arbitrary values: the loss must not move.
+    big_s, big_t = torch.randn(2, 3, 7, 7) * 50, torch.randn(2, 3, 7, 7) * 50
+    big_s[:, :, :4, :4], big_t[:, :, :4, :4] = student, teacher
+    padded = attention_loss(big_s, big_t, torch.cat([mask, torch.zeros(2, 3)], dim=1))
+    assert padded.item() == pytest.approx(base.item(), rel=1e-6)
+
+
+def test_hidden_loss_hand_computed_and_padding_free():
+    student = torch.tensor([[[1.0, 2.0], [9.0, 9.0]]])
+    teacher = torch.tensor([[[0.0, 4.0], [0.0, 0.0]]])
+    # Only token 0 is real: squared errors 1 and 4 over 1 token x 2 dims.
+    assert hidden_loss(student, teacher, torch.tensor([[1, 0]])).item() == pytest.approx(2.5)
+    assert hidden_loss(student, student, torch.ones(1, 2)).item() == 0.0
+
+
+def test_hidden_loss_uses_projection():
+    projection = torch.nn.Linear(2, 3, bias=False)
+    with torch.no_grad():
+        projection.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    student = torch.tensor([[[1.0, 2.0]]])
+    teacher = torch.tensor([[[1.0, 2.0, 3.0]]])
+    assert hidden_loss(student, teacher, torch.ones(1, 1), projection).item() == 0.0
+    with pytest.raises(ValueError, match="no projection"):
+        hidden_loss(student, teacher, torch.ones(1, 1))
+
+
+def test_soft_cross_entropy_hand_computed():
+    teacher = torch.tensor([[0.0, math.log(3.0)]])  # probabilities 1/4, 3/4
+    student = torch.tensor([[0.0, 0.0]])  # probabilities 1/2, 1/2
+    assert soft_cross_entropy(student, teacher).item() == pytest.approx(math.log(2.0), rel=1e-6)
+    # Equal logits: the loss is the teacher's entropy (its KL part is zero).
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert soft_cross_entropy(teacher, teacher).item() == pytest.approx(entropy, rel=1e-6)
+    # Temperature 2 halves the logits: teacher probabilities 1/(1+sqrt 3), sqrt 3/(1+sqrt 3).
+    p = 1 / (1 + math.sqrt(3))
+    assert soft_cross_entropy(student, teacher, temperature=2.0).item() == pytest.approx(math.log(2.0), rel=1e-6)
+    squared = prediction_loss(torch.tensor([[1.0, 0.0]]), teacher, 2.0, temperature_squared=True)
+    expected = -(p * math.log(math.exp(0.5) / (math.exp(0.5) + 1)) + (1 - p) * math.log(1 / (math.exp(0.5) + 1)))
+    assert squared.item() == pytest.approx(4 * expected, rel=1e-5)
+
+
+def test_prediction_loss_regression_and_hard_labels():
+    student, teacher = torch.tensor([[1.0], [2.0]]), torch.tensor([[0.0], [4.0]])
+    assert prediction_loss(student, teacher, regression=True).item() == pytest.approx((1 + 4) / 2)
+    logits = torch.tensor([[0.0, 0.0]])
+    loss = prediction_loss(logits, logits, labels=torch.tensor([1]), hard_label_weight=0.5)
+    assert loss.item() == pytest.approx(math.log(2) + 0.5 * math.log(2), rel=1e-6)
+
+
+def test_match_heads_averages_groups_and_rejects_non_multiples():
+    teacher = torch.arange(4.0).view(1, 4, 1, 1)
+    assert match_heads(teacher, 2).flatten().tolist() == [0.5, 2.5]
+    with pytest.raises(ValueError, match="multiple"):
+        match_heads(teacher, 3)
+
+
+def test_objective_zero_loss_when_student_is_teacher_and_gradients_reach_projections():
+    teacher = tiny_bert(seed=0)
+    same = tiny_bert(seed=0)
+    objective = DistillationObjective(teacher, same, {"embedding": 1, "hidden": 1, "attention": 1}, [1, 2])
+    loss, terms = objective(padded_batch())
+    assert loss.item() == pytest.approx(0.0, abs=1e-10)
+    assert set(terms) == {"embedding", "hidden", "attention"}
+
+    student = tiny_bert(seed=1, hidden_size=16, intermediate_size=32)
+    objective = DistillationObjective(teacher, student, {"embedding": 1, "hidden": 1, "attention": 1}, [1, 2])
+    assert set(objective.trainable["projections"]) == {"embedding", "hidden"}
+    loss, _ = objective(padded_batch())
+    loss.backward()
+    for name, parameter in objective.trainable["projections"].named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+    assert all(p.grad is None for p in teacher.parameters())
+    assert "projections.embedding.weight" in objective.trainable.state_dict()
+
+
+def test_objective_shared_projection_and_prediction_from_cached_logits():
+    teacher = tiny_bert(seed=0)
+    student = tiny_bert(seed=1, hidden_size=16, intermediate_size=32)
+    objective = DistillationObjective(teacher, student, {"hidden": 1}, [1, 2], share_projection=True)
+    assert list(objective.trainable["projections"]) == ["shared"]
+
+    objective = DistillationObjective(teacher, tiny_bert(seed=1), {"prediction": 1}, [1, 2])
+    batch = padded_batch()
+    with torch.no_grad():
+        live, _ = objective(batch)
+        cached_logits = teacher(**batch).logits
+        cached, _ = objective({**batch, "teacher_logits": cached_logits})
+    assert cached.item() == pytest.approx(live.item(), rel=1e-6)
+
+
+def test_masked_lm_objective_equals_the_models_own_loss():
+    from transformers import BertForMaskedLM
+
+    from distill.objective import MaskedLMObjective
+    from tests.conftest import tiny_bert_config
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_bert_config()).eval()
+    batch = padded_batch()
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[0, 1], labels[1, 3], labels[2, 0] = 7, 9, 11
+    loss, terms = MaskedLMObjective(model)({**batch, "labels": labels})
+    expected = model(**batch, labels=labels).loss
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert set(terms) == {"mlm"}

@@ -1,0 +1,79 @@
+"""Bad models give clear errors: not a classifier, wrong label count or order, no MLM head, other vocabulary."""
+
+import pytest
+from transformers import BertForMaskedLM, BertModel, BertTokenizer
+
+from distill.data import get_task
+from students import build_student, student_shape
+from distill.config import StudentConfig
+from teachers import ModelError, check_same_vocabulary, check_teacher_quality, load_masked_lm, load_teacher
+from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_bert_config
+
+
+def test_encoder_without_classifier_is_not_a_teacher(tmp_path):
+    BertModel(tiny_bert_config()).save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="not a fine-tuned sequence classifier .* omit --teacher"):
+        load_teacher(str(tmp_path), get_task("sst2"))
+
+
+def test_teacher_label_count_must_match_the_task(tmp_path):
+    tiny_bert(num_labels=3).save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="has 3 labels but task sst2 has 2"):
+        load_teacher(str(tmp_path), get_task("sst2"))
+
+
+def test_teacher_label_order_must_match_the_task(tmp_path):
+    model = tiny_bert(id2label={0: "positive", 1: "negative"}, label2id={"positive": 0, "negative": 1})
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match=r"labels are \['positive', 'negative'\] but task sst2 expects \['negative', 'positive'\]"):
+        load_teacher(str(tmp_path), get_task("sst2"))
+
+
+def test_fine_tuned_teacher_loads_frozen(tmp_path):
+    tiny_bert().save_pretrained(tmp_path)
+    teacher = load_teacher(str(tmp_path), get_task("sst2"))
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_missing_teacher_folder(tmp_path):
+    with pytest.raises(ModelError, match="cannot load model"):
+        load_teacher(str(tmp_path / "missing"), get_task("sst2"))
+
+
+def test_masked_lm_without_head_points_to_adapt_mlm(tmp_path):
+    BertModel(tiny_bert_config()).save_pretrained(tmp_path / "encoder")
+    with pytest.raises(ModelError, match="has no masked-LM head .* adapt-mlm"):
+        load_masked_lm(str(tmp_path / "encoder"))
+    BertForMaskedLM(tiny_bert_config()).save_pretrained(tmp_path / "mlm")
+    assert load_masked_lm(str(tmp_path / "mlm")).config.vocab_size == len(SPECIAL) + len(WORDS)
+
+
+def test_student_vocabulary_must_equal_the_teachers(tiny_tokenizer):
+    other = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS[::-1])})
+    with pytest.raises(ModelError, match="distillation needs the same tokenizer"):
+        check_same_vocabulary(tiny_tokenizer, other, "other-student")
+    check_same_vocabulary(tiny_tokenizer, tiny_tokenizer, "same")
+
+
+def test_teacher_near_chance_is_refused():
+    with pytest.raises(ModelError, match="below 0.5500 .* not fine-tuned"):
+        check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), None, "t")
+    check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), 0.5, "t")
+
+
+def test_student_presets_and_teacher_init():
+    assert student_shape(StudentConfig()) == {"num_hidden_layers": 4, "hidden_size": 312, "intermediate_size": 1200,
+                                              "num_attention_heads": 12}
+    with pytest.raises(ValueError, match="not divisible"):
+        student_shape(StudentConfig(preset=None, num_hidden_layers=2, hidden_size=30, intermediate_size=8,
+                                    num_attention_heads=4))
+    teacher = tiny_bert()
+    student = build_student(teacher, StudentConfig(preset=None, num_hidden_layers=1, hidden_size=32,
+                                                   intermediate_size=64, num_attention_heads=4, init="teacher"), [2])
+    assert student.config.vocab_size == teacher.config.vocab_size and student.config.num_labels == 2
+    s, t = student.state_dict(), teacher.state_dict()
+    assert (s["bert.encoder.layer.0.attention.self.query.weight"] == t["bert.encoder.layer.1.attention.self.query.weight"]).all()
+    assert (s["bert.embeddings.word_embeddings.weight"] == t["bert.embeddings.word_embeddings.weight"]).all()
+    with pytest.raises(ValueError, match="needs the teacher's hidden_size"):
+        build_student(teacher, StudentConfig(preset=None, num_hidden_layers=1, hidden_size=16, intermediate_size=64,
+                                             num_attention_heads=4, init="teacher"), [2])

@@ -1,0 +1,100 @@
+"""The training loop: exact resume, run-id checks, non-finite losses."""
+
+import json
+
+import datasets
+import pytest
+import torch
+from transformers import DataCollatorWithPadding
+
+from distill.checkpoint import CheckpointError
+from distill.config import TrainConfig
+from distill.objective import DistillationObjective, ModelLossObjective
+from distill.trainer import NonFiniteLossError, train
+from tests.conftest import tiny_bert
+
+
+def _data(n=24):
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        length = 4 + i % 5
+        rows.append({"input_ids": torch.randint(5, 30, (length,), generator=generator).tolist(),
+                     "attention_mask": [1] * length, "labels": i % 2})
+    return datasets.Dataset.from_list(rows)
+
+
+class _Pad:
+    """Pads input_ids/attention_mask; optionally raises after ``fail_after`` batches (a simulated kill)."""
+
+    def __init__(self, tokenizer, fail_after=None):
+        self.collate, self.calls, self.fail_after = DataCollatorWithPadding(tokenizer), 0, fail_after
+
+    def __call__(self, rows):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise KeyboardInterrupt("simulated kill")
+        return self.collate(rows)
+
+
+def _distill_objective():
+    teacher = tiny_bert(seed=0)
+    student = tiny_bert(seed=1, hidden_size=16, intermediate_size=32).train()
+    return DistillationObjective(teacher, student, {"embedding": 1, "hidden": 1, "attention": 1, "prediction": 1}, [1, 2])
+
+
+def test_resume_after_interruption_gives_the_same_weights(tmp_path, tiny_tokenizer):
+    config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=3, log_steps=1, seed=5)
+    reference = _distill_objective()
+    train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
+
+    interrupted = _distill_objective()
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, _data(), _Pad(tiny_tokenizer, fail_after=4), config, tmp_path / "b", "run")
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-000003"]
+    resumed = _distill_objective()  # a fresh process would rebuild everything from scratch
+    state = train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
+    assert state.step == 8 and state.epoch == 1  # 24 examples / 5 = 5 batches an epoch
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
+    lines = (tmp_path / "b" / "log.jsonl").read_text().splitlines()
+    # Steps 1-3 kept from before the kill (step 4 was logged but not checkpointed: dropped), 4-8 after.
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 9))
+    assert '"loss/attention"' in lines[0] and '"samples_per_s"' in lines[0]
+
+
+def test_gradient_accumulation_matches_a_large_batch(tmp_path, tiny_tokenizer):
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    big = ModelLossObjective(tiny_bert(seed=2, **no_dropout))
+    small = ModelLossObjective(tiny_bert(seed=2, **no_dropout))
+    rows = _data(8).map(lambda r: {"input_ids": r["input_ids"][:4], "attention_mask": [1] * 4})  # equal lengths
+    common = dict(max_steps=1, learning_rate=1e-2, warmup_ratio=0.0, max_grad_norm=0.0, seed=1)
+    train(big, rows, _Pad(tiny_tokenizer), TrainConfig(batch_size=8, **common), tmp_path / "big", "r")
+    train(small, rows, _Pad(tiny_tokenizer), TrainConfig(batch_size=4, gradient_accumulation_steps=2, **common),
+          tmp_path / "small", "r")
+    for a, b in zip(big.parameters(), small.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_checkpoint_of_another_run_is_refused(tmp_path, tiny_tokenizer):
+    config = TrainConfig(max_steps=2, batch_size=4, save_steps=1)
+    train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run-a")
+    with pytest.raises(CheckpointError, match="belongs to another run"):
+        train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run-b")
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path, tiny_tokenizer):
+    config = TrainConfig(max_steps=2, batch_size=4, save_steps=1)
+    train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
+    (tmp_path / "checkpoints" / "step-000002" / "trainable.safetensors").write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), TrainConfig(max_steps=3, batch_size=4),
+              tmp_path, "run")
+
+
+def test_non_finite_loss_names_step_and_term(tmp_path, tiny_tokenizer):
+    objective = _distill_objective()
+    with torch.no_grad():
+        objective.trainable["student"].bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match=r"loss term 'embedding' is nan at optimizer step 1 \(epoch 0, batch 0\)"):
+        train(objective, _data(), _Pad(tiny_tokenizer), TrainConfig(max_steps=2, batch_size=4), tmp_path, "run")
