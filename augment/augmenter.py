@@ -11,7 +11,8 @@ Departures from the reference code, on purpose:
   only at the masked positions) instead of one forward per word; neighbours are cached per word.
 - Faithfulness of the output: words are replaced in place in the original string, so the input's casing and spacing
   are kept (the reference lower-cases and re-spaces); a replacement takes the capitalisation of the word it replaces.
-- Special tokens ([UNK], [SEP], ...) are never candidates. The full vocabulary of the word vectors is used (the
+- Masked-LM candidates must be alphabetic words: special tokens ([UNK], [SEP], ...), punctuation and numbers, which
+  the reference code lets replace a word, are dropped (a weak masked LM predicts "," for many slots). The full vocabulary of the word vectors is used (the
   reference loaded the first 100k).
 - Determinism: each example draws from its own RNG seeded by (seed, example index, column), so the output does not
   depend on batch size or worker count.
@@ -164,7 +165,7 @@ class CandidateGenerator:
 
     @torch.no_grad()
     def masked_lm_candidates(self, rows: list[MaskedRow]) -> list[list[str]]:
-        """Top-K masked-LM predictions for each row, continuation pieces and special tokens dropped."""
+        """Top-K masked-LM predictions for each row; continuation pieces and non-words dropped (so up to K remain)."""
         encoded = [self._encode(row) for row in rows]
         order = sorted(range(len(rows)), key=lambda i: len(encoded[i]))
         out: list[list[str]] = [[] for _ in rows]
@@ -194,7 +195,7 @@ class CandidateGenerator:
             if text.startswith("##") or (needs_space and not text.startswith(" ")):
                 continue  # a continuation piece, not a word
             text = text.strip()
-            if text:
+            if text.isalpha():  # a word replaces a word: punctuation and numbers are not candidates
                 words.append(text)
         return words
 

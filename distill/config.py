@@ -147,10 +147,15 @@ class StudentConfig:
     hidden_size: int | None = None  # h_S
     intermediate_size: int | None = None  # FFN size
     num_attention_heads: int | None = None  # A (must equal the teacher's for the attention loss)
-    init: str = "random"  # "random", or "teacher": copy embeddings and mapped layers (needs h_S == h_T)
+    init: str = "random"  # "random"; "teacher_embeddings": embeddings from the teacher (PCA to h_S);
+    # "teacher": copy embeddings and mapped layers (needs h_S == h_T, DistilBERT style)
 
     def __post_init__(self) -> None:
-        _check(self.init in ("random", "teacher"), "init", f"must be random or teacher, got {self.init!r}")
+        _check(
+            self.init in ("random", "teacher_embeddings", "teacher"),
+            "init",
+            f"must be random, teacher_embeddings or teacher, got {self.init!r}",
+        )
         for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads"):
             value = getattr(self, name)
             _check(value is None or value > 0, name, f"must be > 0, got {value}")

@@ -28,7 +28,7 @@ def test_default_config_is_the_tinybert_student():
         ("distill:\n  intermediate:\n    learning_rate: abc\n", "distill.intermediate.learning_rate: expected float"),
         ("task:\n  max_seq_length: 12.5\n", "task.max_seq_length: expected int"),
         ("distill:\n  weights: {atention: 1}\n", "distill.weights.atention: unknown loss term"),
-        ("student:\n  init: pca\n", "student.init: must be random or teacher"),
+        ("student:\n  init: pca\n", "student.init: must be random, teacher_embeddings or teacher"),
         ("- a\n- b\n", "must be a YAML mapping"),
     ],
 )
