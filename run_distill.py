@@ -2,7 +2,7 @@
 
     python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
-    python run_distill.py augment    [--config FILE] [--task NAME] [--data-dir DIR] --mlm MODEL --output-dir DIR
+    python run_distill.py augment    --mlm MODEL [--input FILE|DIR|HUB [--text-columns A [B]]] [--task NAME] [options]
 """
 
 from __future__ import annotations
@@ -23,6 +23,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
 
 
+# Flags of the augment command that set fields of the augment config section.
+AUGMENT_FLAGS = [
+    ("--num-copies", "num_copies", int, "N: augmented copies tried per example (paper: 20)"),
+    ("--replace-prob", "replace_prob", float, "p: probability a word is replaced (paper: 0.4)"),
+    ("--num-candidates", "num_candidates", int, "K: candidates per word (paper: 15)"),
+    ("--seed", "seed", int, "same seed, same output"),
+    ("--word-vectors", "word_vectors", str, "glove-6b-50d, a GloVe .txt/.txt.gz, word2vec .bin/.txt or gensim .kv"),
+    ("--max-vocab", "max_vocab", int, "load only the first N word vectors"),
+    ("--stopwords", "stopwords", str, "stop word file, one a line (default: NLTK English)"),
+    ("--mlm-context", "mlm_context", str, "pair (reference code) or single"),
+    ("--max-examples", "max_examples", int, "augment only the first N examples, keep the rest as they are"),
+    ("--batch-size", "batch_size", int, "masked rows per masked-LM forward"),
+    ("--num-workers", "num_workers", int, "processes, each with its own masked LM"),
+    ("--shard-size", "shard_size", int, "examples per shard written (resume granularity)"),
+]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="run_distill.py", description="TinyBERT-style knowledge distillation")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -38,11 +55,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mlm.add_argument("--max-steps", type=int, help="optimizer steps (overrides mlm.train.max_steps)")
     mlm.add_argument("--output-dir", required=True, help="where the ...ForMaskedLM checkpoint is saved")
 
-    augment = commands.add_parser("augment", help="TinyBERT data augmentation of a task's training set")
+    augment = commands.add_parser("augment", help="TinyBERT data augmentation of a training set")
     _common(augment)
-    augment.add_argument("--mlm", help="masked LM (hub name or folder); overrides mlm.model")
-    augment.add_argument("--num-copies", type=int, help="N (overrides augment.num_copies)")
-    augment.add_argument("--max-examples", type=int, help="augment only the first N examples")
+    augment.add_argument("--input", help="a .csv/.tsv/.jsonl file, a save_to_disk folder, or a hub dataset name[:config] "
+                         "(default: the training set of --task)")
+    augment.add_argument("--text-columns", nargs="+", help="column(s) to augment (default: sentence, text, or "
+                         "sentence1 sentence2, whichever the input has)")
+    augment.add_argument("--split", default="train", help="split of a saved DatasetDict or hub dataset (default: train)")
+    augment.add_argument("--mlm", help="masked LM (hub name or folder with an MLM head); overrides mlm.model")
+    augment.add_argument("--export", help="also write the result as one .jsonl, .csv or .tsv file")
+    for flag, key, kind, text in AUGMENT_FLAGS:
+        augment.add_argument(flag, type=kind, help=f"{text} (augment.{key})")
     return parser.parse_args(argv)
 
 
@@ -70,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "adapt-mlm":
         overrides.update({"mlm.base_model": args.model, "mlm.corpus": args.corpus, "mlm.train.max_steps": args.max_steps})
     if args.command == "augment":
-        overrides.update({"mlm.model": args.mlm, "augment.num_copies": args.num_copies,
-                          "augment.max_examples": args.max_examples})
+        overrides["mlm.model"] = args.mlm
+        overrides.update({f"augment.{key}": getattr(args, key) for _, key, _, _ in AUGMENT_FLAGS})
     try:
         config = load_config(config_file, overrides)
         _setup_logging(Path(config.output_dir))
-        return COMMANDS[args.command](config)
+        return COMMANDS[args.command](config, args)
     except KnownErrors() as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -94,7 +117,7 @@ def KnownErrors() -> tuple[type[Exception], ...]:
     return ConfigError, DataError, ModelError, CheckpointError, VectorsError, CaptureError, NonFiniteLossError
 
 
-def run_pipeline_command(config) -> int:
+def run_pipeline_command(config, args) -> int:
     from distill.pipeline import run_pipeline
 
     start = time.perf_counter()
@@ -105,7 +128,7 @@ def run_pipeline_command(config) -> int:
     return 0 if report else 1
 
 
-def run_adapt_mlm_command(config) -> int:
+def run_adapt_mlm_command(config, args) -> int:
     from distill.config import fingerprint
     from distill.checkpoint import stage_done
     from teachers import adapt_mlm
@@ -118,20 +141,13 @@ def run_adapt_mlm_command(config) -> int:
     return 0
 
 
-def run_augment_command(config) -> int:
-    from augment import augment_dataset, build_generator
-    from distill.config import ConfigError
-    from distill.data import get_task, load_task_data
+def run_augment_command(config, args) -> int:
+    from augment import run_augment
 
-    if config.mlm.model is None:
-        raise ConfigError("augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; see adapt-mlm)")
-    spec = get_task(config.task.name)
-    data = load_task_data(config.task)
-    generator = build_generator(config.augment, config.mlm.model)
-    folder = Path(config.output_dir)
-    augmented = augment_dataset(data["train"], spec.text_columns, generator, config.augment, folder)
-    print(f"{len(augmented)} rows ({sum(augmented['is_augmented'])} augmented) in {folder / 'shards'}")
-    for row in augmented.select(range(min(5, len(augmented)))):
+    summary = run_augment(config, args.input, args.text_columns, args.split, args.export)
+    print(f"{summary['num_rows']} rows ({summary['num_augmented']} augmented) from {summary['num_examples']} "
+          f"examples in {summary['output']} ({summary['seconds']:.0f} s)")
+    for row in summary["sample"]:
         print(row)
     return 0
 

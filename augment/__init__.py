@@ -1,7 +1,9 @@
 """TinyBERT data augmentation: masked-LM candidates for single-piece words, word-vector neighbours for the rest."""
 
+import functools
+
 from augment.augmenter import CandidateGenerator, load_stopwords, match_case, sample_copies, split_words
-from augment.dataset import augment_dataset, augment_examples, load_shards
+from augment.dataset import augment_dataset, augment_examples, augment_fingerprint, load_shards
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
 
 __all__ = [
@@ -10,15 +12,23 @@ __all__ = [
     "VectorsError",
     "augment_dataset",
     "augment_examples",
+    "augment_fingerprint",
     "build_generator",
     "check_word_vectors",
+    "generator_factory",
     "load_shards",
     "load_stopwords",
     "load_word_vectors",
     "match_case",
     "sample_copies",
+    "run_augment",
     "split_words",
 ]
+
+
+def generator_factory(config, masked_lm_name: str, device: str = "cpu") -> "functools.partial[CandidateGenerator]":
+    """A picklable zero-argument callable that builds the generator (what worker processes need)."""
+    return functools.partial(build_generator, config, masked_lm_name, device)
 
 
 def build_generator(config, masked_lm_name: str, device: str = "cpu") -> CandidateGenerator:
@@ -41,3 +51,6 @@ def build_generator(config, masked_lm_name: str, device: str = "cpu") -> Candida
         config.batch_size,
         device,
     )
+
+
+from augment.run import run_augment  # noqa: E402  (needs generator_factory above)

@@ -133,21 +133,25 @@ class CandidateGenerator:
         """
         results: list[dict[tuple[int, int], list[str]]] = []
         rows: list[MaskedRow] = []
-        owners: list[tuple[int, tuple[int, int]]] = []
+        owners: list[tuple[int, tuple[int, int]]] = []  # (text index, span) of each masked row
+        multi_piece: list[tuple[int, tuple[int, int]]] = []  # (text index, span) of each word-vector word
         for index, text in enumerate(texts):
-            found: dict[tuple[int, int], list[str]] = {}
+            results.append({})
             for start, end in split_words(text):
                 word = text[start:end]
                 if not self.is_candidate_word(word):
                     continue
+                results[index][(start, end)] = []  # filled below, in text order
                 after_space = start > 0 and text[start - 1].isspace()
                 if self.num_pieces(word, after_space) == 1:
-                    found[(start, end)] = []  # filled by the batched masked-LM pass below
                     rows.append(MaskedRow(text, (start, end), after_space and self.space_sensitive))
                     owners.append((index, (start, end)))
                 else:
-                    found[(start, end)] = list(self.neighbours(word))
-            results.append(found)
+                    multi_piece.append((index, (start, end)))
+        if hasattr(self.neighbours, "prefetch"):  # one matrix product for all the words of the batch
+            self.neighbours.prefetch([texts[i][s:e] for i, (s, e) in multi_piece])
+        for index, (start, end) in multi_piece:
+            results[index][(start, end)] = list(self.neighbours(texts[index][start:end]))
         for (index, span), words in zip(owners, self.masked_lm_candidates(rows)):
             results[index][span] = words
         for text, found in zip(texts, results):

@@ -9,23 +9,38 @@ ever read.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import datasets
+import torch
 from tqdm.auto import tqdm
 
 from augment.augmenter import CandidateGenerator, sample_copies
-from distill.config import AugmentConfig
+from distill.checkpoint import CheckpointError, write_json_atomic
+from distill.config import AugmentConfig, fingerprint, to_dict
 
 logger = logging.getLogger(__name__)
 
 SHARDS = "shards"
+RUN_FILE = "run.json"
+
+
+OUTPUT_NEUTRAL = ("batch_size", "num_workers")  # settings that change the speed, not the output
+
+
+def augment_fingerprint(config: AugmentConfig, *inputs) -> str:
+    """Run id of an augmentation: its settings (less the speed-only ones) and whatever identifies its inputs."""
+    settings = {k: v for k, v in to_dict(config).items() if k not in OUTPUT_NEUTRAL}
+    return fingerprint(settings, *inputs)
 
 
 def example_rng(seed: int, index: int, column: str) -> random.Random:
@@ -82,51 +97,108 @@ def _output_features(dataset: datasets.Dataset) -> datasets.Features:
 def augment_dataset(
     dataset: datasets.Dataset,
     text_columns: tuple[str, ...],
-    generator: CandidateGenerator,
+    generator: CandidateGenerator | Callable[[], CandidateGenerator],
     config: AugmentConfig,
     output_dir: Path,
+    run_id: str | None = None,
 ) -> datasets.Dataset:
     """Augment ``dataset`` (the first ``config.max_examples`` examples; the rest are kept as they are) into shards.
+
+    Shards of ``config.shard_size`` source examples are written atomically; a re-run skips complete shards, so a
+    killed run continues where it stopped. With ``config.num_workers`` > 1, shards are spread over that many
+    processes, each building its own generator; the output is the same for any worker count or batch size because
+    every example draws from its own RNG (:func:`example_rng`).
 
     Args:
         dataset: input rows with the text column(s) and any others (label, ...).
         text_columns: the columns to augment.
-        generator: builds candidate lists (masked LM + word vectors).
-        config: N, p, K, seed, shard size.
+        generator: builds candidate lists (masked LM + word vectors), or a picklable zero-argument factory of one
+            (needed for worker processes; called only when a shard is missing).
+        config: N, p, K, seed, shard size, workers.
         output_dir: shards go to ``output_dir/shards/shard-00000`` ...; existing complete shards are reused.
+        run_id: fingerprint of the settings; shards written under another run id are refused, not mixed in.
 
     Returns:
         All shards concatenated (see :func:`load_shards`).
+
+    Raises:
+        CheckpointError: ``output_dir`` holds shards of another run.
     """
-    shard_dir = output_dir / SHARDS
-    shard_dir.mkdir(parents=True, exist_ok=True)
+    shard_dir = Path(output_dir) / SHARDS
+    _claim(shard_dir, run_id)
     features = _output_features(dataset)
     limit = len(dataset) if config.max_examples is None else min(config.max_examples, len(dataset))
-    num_shards = math.ceil(limit / config.shard_size)
-    done = sum(1 for k in range(num_shards) if (shard_dir / f"shard-{k:05d}").is_dir())
-    progress = tqdm(total=limit, initial=min(limit, done * config.shard_size), desc="augment", unit="ex")
-    for k in range(num_shards):
-        final = shard_dir / f"shard-{k:05d}"
-        if final.is_dir():
-            continue
-        indices = list(range(k * config.shard_size, min((k + 1) * config.shard_size, limit)))
-        examples = dataset.select(indices).to_list()
-        rows = []
-        for first in range(0, len(examples), config.batch_size):
-            rows += augment_examples(
-                examples[first : first + config.batch_size], indices[first : first + config.batch_size],
-                text_columns, generator, config,
-            )
-            progress.update(min(config.batch_size, len(examples) - first))
-        _save_shard(_rows_to_dataset(rows, features), final)
+    jobs = [
+        (k, list(range(k * config.shard_size, min((k + 1) * config.shard_size, limit))))
+        for k in range(math.ceil(limit / config.shard_size))
+        if not (shard_dir / f"shard-{k:05d}").is_dir()
+    ]
+    progress = tqdm(total=limit, initial=limit - sum(len(i) for _, i in jobs), desc="augment", unit="ex")
+    tasks = ((dataset.select(indices).to_list(), indices, shard_dir / f"shard-{k:05d}") for k, indices in jobs)
+    if config.num_workers > 1 and len(jobs) > 1:
+        factory = generator if not isinstance(generator, CandidateGenerator) else None
+        if factory is None:
+            raise ValueError("num_workers > 1 needs a picklable generator factory, not a built generator")
+        threads = max(1, torch.get_num_threads() // config.num_workers)
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(config.num_workers, _init_worker, (factory, threads)) as pool:
+            arguments = [(examples, indices, text_columns, config, features, final) for examples, indices, final in tasks]
+            for count in pool.imap_unordered(_worker_shard, arguments):
+                progress.update(count)
+    elif jobs:
+        built = generator if isinstance(generator, CandidateGenerator) else generator()
+        for examples, indices, final in tasks:
+            _write_shard(examples, indices, text_columns, built, config, features, final, progress.update)
     progress.close()
-    rest = shard_dir / f"shard-{num_shards:05d}"
+    rest = shard_dir / f"shard-{math.ceil(limit / config.shard_size):05d}"
     if limit < len(dataset) and not rest.is_dir():  # examples beyond max_examples, kept unaugmented
         tail = dataset.select(range(limit, len(dataset)))
         tail = tail.add_column("source_index", list(range(limit, len(dataset))))
         tail = tail.add_column("is_augmented", [False] * len(tail)).cast(features)
         _save_shard(tail, rest)
     return load_shards(output_dir)
+
+
+def _write_shard(examples, indices, text_columns, generator, config, features, final: Path, advance) -> int:
+    rows = []
+    for first in range(0, len(examples), config.batch_size):
+        batch = slice(first, first + config.batch_size)
+        rows += augment_examples(examples[batch], indices[batch], text_columns, generator, config)
+        advance(len(indices[batch]))
+    _save_shard(_rows_to_dataset(rows, features), final)
+    return len(indices)
+
+
+_WORKER: dict = {}  # the generator of a worker process, built once by _init_worker
+
+
+def _init_worker(factory: Callable[[], CandidateGenerator], num_threads: int) -> None:
+    torch.set_num_threads(num_threads)
+    _WORKER["generator"] = factory()
+
+
+def _worker_shard(arguments: tuple) -> int:
+    examples, indices, text_columns, config, features, final = arguments
+    return _write_shard(examples, indices, text_columns, _WORKER["generator"], config, features, final, lambda n: None)
+
+
+def _claim(shard_dir: Path, run_id: str | None) -> None:
+    """Create ``shard_dir``, remove partial shards a killed run left, and check the folder belongs to ``run_id``."""
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    for partial in shard_dir.glob(".tmp-*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    if run_id is None:
+        return
+    marker = shard_dir / RUN_FILE
+    if marker.exists():
+        previous = json.loads(marker.read_text(encoding="utf-8"))["run_id"]
+        if previous != run_id:
+            raise CheckpointError(
+                f"{shard_dir} holds shards of another augmentation run (run id {previous}, this run {run_id}): the "
+                f"settings or the input changed. Use a new --output-dir, or delete {shard_dir} to start over."
+            )
+    else:
+        write_json_atomic(marker, {"run_id": run_id})
 
 
 def _save_shard(shard: datasets.Dataset, final: Path) -> None:

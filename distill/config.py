@@ -124,8 +124,9 @@ class AugmentConfig:
     stopwords: str | None = None  # stop word file, one a line (None: NLTK English)
     mlm_context: str = "pair"  # "pair": [CLS] masked [SEP] original [SEP] as the reference code; "single": masked only
     max_examples: int | None = None  # augment only the first N training examples (None: all)
-    batch_size: int = 128  # masked rows per masked-LM forward
+    batch_size: int = 128  # masked rows per masked-LM forward (and examples per candidate pass)
     shard_size: int = 1000  # source examples per written shard (resume granularity)
+    num_workers: int = 1  # processes, each augmenting whole shards with its own masked LM
     seed: int = 42  # same seed, same output, whatever the batch size
 
     def __post_init__(self) -> None:
@@ -135,6 +136,7 @@ class AugmentConfig:
         _check(self.mlm_context in ("pair", "single"), "mlm_context", "must be 'pair' or 'single'")
         _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
         _check(self.shard_size > 0, "shard_size", f"must be > 0, got {self.shard_size}")
+        _check(self.num_workers > 0, "num_workers", f"must be > 0, got {self.num_workers}")
 
 
 @dataclass

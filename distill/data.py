@@ -7,6 +7,7 @@ column(s) and ``label`` (int class id, or float for regression).
 from __future__ import annotations
 
 import csv
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,82 @@ def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     return datasets.DatasetDict(
         train=raw["train"].select_columns(keep), dev=raw[spec.hub_dev_split].select_columns(keep)
     )
+
+
+TABLE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}),
+                 ".jsonl": ("json", {}), ".json": ("json", {})}
+
+
+def read_table(source: str, split: str = "train") -> datasets.Dataset:
+    """Rows of a user's data set, columns as named in the source.
+
+    Args:
+        source: a ``.csv`` file (standard quoting), a ``.tsv`` file (tab-separated, no quoting, as GLUE), a
+            ``.jsonl``/``.json`` file (one object a line, or an array), a folder written by ``Dataset.save_to_disk``,
+            or a hub dataset ``name`` or ``name:config`` (``glue:sst2``) loaded with ``datasets.load_dataset``.
+        split: the split of a saved ``DatasetDict`` or hub dataset.
+
+    Raises:
+        DataError: the file is empty, not UTF-8, or malformed (the line is named), or the split does not exist.
+    """
+    path = Path(source)
+    if path.is_file():
+        return _read_file(path)
+    if path.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except FileNotFoundError as error:
+            raise DataError(f"{path} is a folder but not a saved dataset (no dataset_info.json / state.json); give a "
+                            ".csv/.tsv/.jsonl file, a folder written by save_to_disk, or a GLUE folder with --task") from error
+        return _pick_split(loaded, split, source)
+    name, _, config = source.partition(":")
+    return _pick_split(datasets.load_dataset(name, config or None), split, source)
+
+
+def _pick_split(loaded, split: str, source: str) -> datasets.Dataset:
+    if isinstance(loaded, datasets.Dataset):
+        return loaded
+    if split not in loaded:
+        raise DataError(f"{source} has no split {split!r}; splits: {', '.join(loaded)}")
+    return loaded[split]
+
+
+def _read_file(path: Path) -> datasets.Dataset:
+    if path.suffix not in TABLE_FORMATS:
+        raise DataError(f"{path}: unknown file type {path.suffix!r}; use one of {', '.join(TABLE_FORMATS)}")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty; it needs a header line (CSV/TSV) or one JSON object a line")
+    builder, options = TABLE_FORMATS[path.suffix]
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+    except Exception as error:  # the loaders wrap parser errors of several kinds
+        raise DataError(f"{path}: cannot read it as {path.suffix[1:].upper()}: {_diagnose(path, error)}") from None
+
+
+def _diagnose(path: Path, error: BaseException) -> str:
+    """The most useful account of a read error: the first undecodable or unparsable line (1-based), else the
+    innermost error message."""
+    with path.open("rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"line {line_number} is not valid UTF-8; re-save the file as UTF-8"
+            if path.suffix == ".jsonl" and line.strip():
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as bad:
+                    return f"line {line_number} is not a JSON object ({bad.msg})"
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    return str(error)
+
+
+def require_columns(dataset: datasets.Dataset, columns: list[str] | tuple[str, ...], source: str) -> None:
+    """Raise :class:`DataError` naming the missing columns and listing the present ones."""
+    missing = [c for c in columns if c not in dataset.column_names]
+    if missing:
+        raise DataError(f"{source}: missing column(s) {missing}; present: {dataset.column_names}")
 
 
 def tokenize(

@@ -20,7 +20,14 @@ import numpy as np
 from safetensors.torch import save_file
 from transformers import AutoModelForSequenceClassification
 
-from augment import augment_dataset, build_generator, check_word_vectors, load_shards, load_stopwords
+from augment import (
+    augment_dataset,
+    augment_fingerprint,
+    check_word_vectors,
+    generator_factory,
+    load_shards,
+    load_stopwords,
+)
 from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict
 from distill.data import TaskSpec, collator, get_task, load_task_data, tokenize
@@ -85,13 +92,13 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         return data["train"], fingerprint(config.task, "no-augmentation")
     mlm = mlm_stage(config, out)
     folder = out / "augmented"
-    run_id = fingerprint(config.task, config.augment, mlm if config.mlm.model else config.mlm)
+    run_id = augment_fingerprint(config.augment, config.task, mlm if config.mlm.model else config.mlm)
     if (record := stage_done(folder, run_id)) is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
         return load_shards(folder), run_id
     _banner("augmentation", folder)
-    generator = build_generator(config.augment, mlm)
-    augmented = augment_dataset(data["train"], spec.text_columns, generator, config.augment, folder)
+    factory = generator_factory(config.augment, mlm)
+    augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id)
     num_augmented = int(np.sum(augmented["is_augmented"]))
     mark_stage_done(folder, run_id, {"num_rows": len(augmented), "num_augmented": num_augmented})
     logger.info("augmentation: %d rows (%d augmented) from %d examples", len(augmented), num_augmented, len(data["train"]))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import numpy as np
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer, RobertaConfig, RobertaForSequenceClassification
 
@@ -49,3 +52,50 @@ def padded_batch(seed: int = 0, batch: int = 3, length: int = 7, vocab: int = 30
         mask[row, length - 2 * row :] = 0
     ids[mask == 0] = 0
     return {"input_ids": ids, "attention_mask": mask}
+
+
+BPE_CORPUS = ["the movie was good and the plot was fun", "a wonderful film with a terrible story",
+              "the cast was great", "not a boring movie"]
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta_tokenizer():
+    """A byte-level BPE tokenizer trained here on four sentences: " movie" is one token, "movie" (no space) two."""
+    from tokenizers import AddedToken, ByteLevelBPETokenizer
+    from transformers import RobertaTokenizer
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(BPE_CORPUS * 20, vocab_size=400, min_frequency=1, special_tokens=specials,
+                            show_progress=False)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split()) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return RobertaTokenizer(vocab=model["vocab"], merges=merges, mask_token=AddedToken("<mask>", lstrip=True))
+
+
+def tiny_vectors():
+    """Six 3-d word vectors: wonderful ~ marvellous ~ superb, terrible ~ awful, table apart."""
+    from gensim.models import KeyedVectors
+
+    kv = KeyedVectors(vector_size=3)
+    kv.add_vectors(
+        ["wonderful", "marvellous", "superb", "terrible", "awful", "table"],
+        np.array([[1, 0, 0], [0.9, 0.1, 0], [0.8, 0.3, 0], [-1, 0, 0], [-0.9, -0.1, 0], [0, 0, 1]], dtype=np.float32),
+    )
+    return kv
+
+
+def tiny_masked_lm(seed: int = 0):
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(seed)
+    return BertForMaskedLM(tiny_bert_config()).eval()
+
+
+def tiny_generator(batch_size: int = 4):
+    """A CandidateGenerator on the tiny WordPiece vocabulary (a module-level factory: worker processes import it)."""
+    from augment import CandidateGenerator, NeighbourCache, load_stopwords
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
+    return CandidateGenerator(tiny_masked_lm(), tokenizer, NeighbourCache(tiny_vectors(), 2), load_stopwords(),
+                              num_candidates=8, mlm_context="pair", batch_size=batch_size)

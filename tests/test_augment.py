@@ -1,5 +1,6 @@
 """TinyBERT augmentation on a tiny vocabulary: the single-/multi-piece rule, stop words, determinism, resume."""
 
+import functools
 import random
 import shutil
 
@@ -7,33 +8,33 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from gensim.models import KeyedVectors
-from transformers import BertConfig, BertForMaskedLM
 
-from augment import CandidateGenerator, NeighbourCache, augment_dataset, load_stopwords, match_case, sample_copies
+from augment import (
+    CandidateGenerator,
+    NeighbourCache,
+    VectorsError,
+    augment_dataset,
+    augment_examples,
+    load_stopwords,
+    load_word_vectors,
+    match_case,
+    sample_copies,
+)
+from augment.dataset import example_rng
 from augment.augmenter import split_words
+from distill.checkpoint import CheckpointError
 from distill.config import AugmentConfig
-from tests.conftest import SPECIAL, WORDS
+from tests.conftest import WORDS, tiny_generator, tiny_vectors
 
 
 @pytest.fixture
 def vectors():
-    kv = KeyedVectors(vector_size=3)
-    kv.add_vectors(
-        ["wonderful", "marvellous", "superb", "terrible", "awful", "table"],
-        np.array([[1, 0, 0], [0.9, 0.1, 0], [0.8, 0.3, 0], [-1, 0, 0], [-0.9, -0.1, 0], [0, 0, 1]], dtype=np.float32),
-    )
-    return kv
+    return tiny_vectors()
 
 
 @pytest.fixture
-def generator(tiny_tokenizer, vectors):
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-    model = BertForMaskedLM(config).eval()
-    return CandidateGenerator(model, tiny_tokenizer, NeighbourCache(vectors, 2), load_stopwords(), num_candidates=8,
-                              mlm_context="pair", batch_size=4)
+def generator():
+    return tiny_generator()
 
 
 def test_split_words_keeps_spans():
@@ -131,3 +132,124 @@ def test_resume_continues_from_the_first_missing_shard(generator, tmp_path):
     shutil.rmtree(shards[1])  # as if killed before the second shard was renamed into place
     (tmp_path / "shards" / ".tmp-partial").mkdir()  # a partial shard is never read
     assert augment_dataset(_dataset(), ("sentence1",), generator, config, tmp_path).to_list() == full
+
+
+def test_changed_word_rate_is_close_to_p():
+    words = [f"w{i}" for i in range(10)]
+    text = " ".join(words)
+    spans = [m.span() for m in __import__("re").finditer(r"\w+", text)]
+    candidates = {span: ["x", "y", "z"] for span in spans}  # never the word itself: a draw < p always changes it
+    copies = sample_copies(text, candidates, 2000, 0.4, random.Random(0))
+    changed = sum(a != b for copy in copies for a, b in zip(copy.split(), words))
+    assert changed / (2000 * len(words)) == pytest.approx(0.4, abs=0.01)
+
+
+def test_stop_words_numbers_and_punctuation_are_never_replaced_and_spacing_and_case_are_kept(generator):
+    text = "The  MOVIE ,was 2 wonderful hours -- and   it's fine!"
+    (found,) = generator.candidates([text])
+    assert sorted(text[s:e] for s, e in found) == ["MOVIE", "fine", "hours", "wonderful"]
+    example = {"sentence": text, "label": 1}
+    rows = augment_examples([example], [0], ("sentence",), generator,
+                            AugmentConfig(num_copies=30, replace_prob=1.0, seed=0))
+    assert len(rows) > 3
+    for row in rows[1:]:
+        out = row["sentence"]
+        # Everything but the four replaceable words is the input, byte for byte (spacing, case, punctuation).
+        assert out.startswith("The  ") and ",was 2 " in out and " -- and   it's " in out and out.endswith("!")
+        replaced = out[len("The  "):out.index(" ,was")]
+        assert replaced.isupper()  # an upper-case word is replaced by an upper-case candidate
+
+
+def test_pair_columns_are_augmented_independently(generator):
+    config = AugmentConfig(num_copies=8, replace_prob=0.5, seed=4)
+    first = {"sentence1": "the movie was good", "sentence2": "a boring plot and a fine cast", "label": 0}
+    second = {**first, "sentence1": "great fun , great story"}
+    rows_a = augment_examples([first], [7], ("sentence1", "sentence2"), generator, config)
+    rows_b = augment_examples([second], [7], ("sentence1", "sentence2"), generator, config)
+    # Column 2's copies do not depend on column 1's text (the reference code's in-place bug mixes them).
+    expected = sample_copies(first["sentence2"], generator.candidates([first["sentence2"]])[0], 8, 0.5,
+                             example_rng(4, 7, "sentence2"))
+    for rows in (rows_a, rows_b):  # copy i of the pair is (copy i of column 1, copy i of column 2), duplicates dropped
+        remaining = iter(expected)
+        assert all(any(r["sentence2"] == c for c in remaining) for r in rows[1:])  # an ordered subsequence
+    assert sum(r["sentence2"] != first["sentence2"] for r in rows_a) > 2
+    assert all(r["label"] == 0 for r in rows_a + rows_b)
+
+
+class _Interrupting:
+    """Wraps a generator and raises after ``calls`` candidate passes: a kill in the middle of a shard."""
+
+    def __init__(self, generator, calls):
+        self.generator, self.calls = generator, calls
+
+    def __call__(self):
+        return self
+
+    def candidates(self, texts):
+        self.calls -= 1
+        if self.calls < 0:
+            raise KeyboardInterrupt("killed")
+        return self.generator.candidates(texts)
+
+
+def test_resume_after_an_interruption_gives_the_uninterrupted_output(generator, tmp_path):
+    config = AugmentConfig(num_copies=5, replace_prob=0.5, seed=2, shard_size=2, batch_size=1)
+    full = augment_dataset(_dataset(), ("sentence1", "sentence2"), generator, config, tmp_path / "full", "run")
+    with pytest.raises(KeyboardInterrupt):  # dies in the second shard, after its first example
+        augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 2 * 2 + 2), config,
+                        tmp_path / "killed", "run")
+    assert [p.name for p in sorted((tmp_path / "killed" / "shards").glob("shard-*"))] == ["shard-00000"]
+    resumed = augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 99), config,
+                              tmp_path / "killed", "run")
+    assert resumed.to_list() == full.to_list()
+    with pytest.raises(CheckpointError, match="shards of another augmentation run"):
+        augment_dataset(_dataset(), ("sentence1",), generator, config, tmp_path / "killed", "other-run")
+
+
+def test_bpe_rule_on_a_tiny_roberta(tiny_roberta_tokenizer, vectors):
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(0)
+    model = RobertaForMaskedLM(RobertaConfig(vocab_size=len(tiny_roberta_tokenizer), hidden_size=32,
+                                             num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                             max_position_embeddings=70, type_vocab_size=1, pad_token_id=1)).eval()
+    generator = CandidateGenerator(model, tiny_roberta_tokenizer, NeighbourCache(vectors, 2), load_stopwords(),
+                                   num_candidates=40, batch_size=3)
+    assert generator.space_sensitive
+    text = "movie was a wonderful film"
+    (found,) = generator.candidates([text])
+    words = {text[s:e]: c for (s, e), c in found.items()}
+    assert generator.num_pieces("movie", after_space=False) == 2  # no leading space: "mo" + "vie"
+    assert generator.num_pieces("film", after_space=True) == 1  # "Ġfilm"
+    assert words["wonderful"] != ["wonderful"] and generator.num_pieces("wonderful", True) == 1
+    assert words["movie"] == ["movie"]  # two pieces, unknown to the vectors: keeps itself
+    vocab = tiny_roberta_tokenizer.get_vocab()
+    for word in ("wonderful", "film"):  # masked-LM candidates: whole words that start with the space marker
+        assert words[word] and all("Ġ" + c in vocab and c.isalpha() for c in words[word])
+
+
+def test_missing_word_vectors_file_is_a_clear_error(tmp_path):
+    with pytest.raises(VectorsError, match=r"word vectors '.*nope.txt' not found: give 'glove-6b-50d'"):
+        load_word_vectors(str(tmp_path / "nope.txt"))
+
+
+def test_glove_text_file_and_batched_neighbours_equal_gensim(tmp_path, vectors):
+    path = tmp_path / "tiny_glove.txt"
+    tilted = {w: vectors[w] + np.array([0.0, 0.05 * i, 0.1 * i], dtype=np.float32) for i, w in enumerate(vectors.index_to_key)}
+    path.write_text("".join(f"{w} {' '.join(str(x) for x in v)}\n" for w, v in tilted.items()))  # no cosine ties
+    loaded = load_word_vectors(str(path))
+    assert loaded.index_to_key == vectors.index_to_key
+    cache = NeighbourCache(loaded, 3, chunk_size=2)
+    cache.prefetch(["Wonderful", "table", "unknownword", "awful"])
+    for word in ("wonderful", "table", "awful"):
+        assert cache(word) == [w for w, _ in loaded.most_similar(word, topn=3)]
+    assert cache("unknownword") == []
+
+
+def test_worker_processes_give_the_same_output(tmp_path):
+    config = AugmentConfig(num_copies=4, replace_prob=0.5, seed=9, shard_size=2, batch_size=2)
+    one = augment_dataset(_dataset(), ("sentence1", "sentence2"), tiny_generator, config, tmp_path / "one")
+    two_workers = AugmentConfig(num_copies=4, replace_prob=0.5, seed=9, shard_size=2, batch_size=3, num_workers=2)
+    two = augment_dataset(_dataset(), ("sentence1", "sentence2"), functools.partial(tiny_generator, 3), two_workers,
+                          tmp_path / "two")
+    assert two.to_list() == one.to_list()

@@ -1,7 +1,8 @@
+import datasets
 import pytest
 
 from distill.config import TaskConfig
-from distill.data import DataError, get_task, load_task_data, read_glue_tsv
+from distill.data import DataError, get_task, load_task_data, read_glue_tsv, read_table
 
 
 def test_bundled_sst2_loads():
@@ -52,3 +53,32 @@ def test_mrpc_columns_are_renamed(tmp_path):
     path.write_text('\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tHe said "hi" .\tHe greeted .\n')
     data = read_glue_tsv(path, get_task("mrpc"))
     assert data[0] == {"sentence1": 'He said "hi" .', "sentence2": "He greeted .", "label": 1}
+
+
+def test_read_table_formats(tmp_path):
+    (tmp_path / "a.csv").write_text('text,label\n"hello, world",1\nfine,0\n')
+    (tmp_path / "a.tsv").write_text('sentence\tlabel\nsay "hi" now\t1\n')
+    (tmp_path / "a.jsonl").write_text('{"question": "why?", "sentence": "because", "label": 2}\n')
+    assert read_table(str(tmp_path / "a.csv"))[:] == {"text": ["hello, world", "fine"], "label": [1, 0]}
+    assert read_table(str(tmp_path / "a.tsv"))["sentence"] == ['say "hi" now']  # TSV: quotes are text, as GLUE
+    assert read_table(str(tmp_path / "a.jsonl"))[0] == {"question": "why?", "sentence": "because", "label": 2}
+    datasets.DatasetDict(train=read_table(str(tmp_path / "a.csv"))).save_to_disk(str(tmp_path / "saved"))
+    assert read_table(str(tmp_path / "saved"))["text"] == ["hello, world", "fine"]
+    with pytest.raises(DataError, match=r"has no split 'dev'; splits: train"):
+        read_table(str(tmp_path / "saved"), split="dev")
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("bad.csv", b"text,label\nfine,1\nbad,0,extra\n", r"bad.csv: cannot read it as CSV: .*Expected 2 fields in line 3, saw 3"),
+        ("bad.jsonl", b'{"text": "a"}\n{"text": "b" "label": 0}\n', r"line 2 is not a JSON object"),
+        ("bad.tsv", b"text\tlabel\nfine\t1\n\xff\xfe bad\t1\n", r"line 3 is not valid UTF-8"),
+        ("empty.csv", b"", r"empty.csv is empty"),
+        ("data.txt", b"x", r"unknown file type '.txt'"),
+    ],
+)
+def test_read_table_errors_name_the_file_and_line(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=message):
+        read_table(str(tmp_path / name))

@@ -1,0 +1,137 @@
+"""The `augment` command: augment any training set (a GLUE task or a user's file or dataset) into shards on disk.
+
+Output folder: ``shards/`` (the augmented dataset, ``datasets`` Arrow shards: the input's columns plus
+``source_index`` and ``is_augmented``), ``stage.json`` (run id and counts, written last), and optionally one flat
+file (``--export``) for tools that do not read Arrow.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import time
+from pathlib import Path
+
+import datasets
+
+from augment.dataset import augment_dataset, augment_fingerprint, load_shards
+from augment.vectors import check_word_vectors
+from distill.checkpoint import mark_stage_done, stage_done
+from distill.config import ConfigError, PipelineConfig, to_dict
+from distill.data import DataError, get_task, load_task_data, read_table, require_columns
+
+logger = logging.getLogger(__name__)
+
+# Text columns looked for, in order, when the user names none.
+DEFAULT_TEXT_COLUMNS = (("sentence1", "sentence2"), ("sentence",), ("text",), ("question", "sentence"))
+
+
+def default_text_columns(columns: list[str], source: str) -> tuple[str, ...]:
+    """The text column(s) of a table whose user named none: the first of :data:`DEFAULT_TEXT_COLUMNS` present.
+
+    Raises:
+        DataError: none is present (the present columns are listed).
+    """
+    for candidate in DEFAULT_TEXT_COLUMNS:
+        if all(c in columns for c in candidate):
+            return candidate
+    raise DataError(f"{source}: say which column(s) to augment with --text-columns; present: {columns}")
+
+
+def _input(config: PipelineConfig, source: str | None, text_columns: list[str] | None, split: str):
+    """(dataset, text columns, what identifies the input) for a user source or the configured task."""
+    if source is None:
+        spec = get_task(config.task.name)
+        data = load_task_data(config.task)["train"]
+        return data, tuple(text_columns or spec.text_columns), to_dict(config.task)
+    data = read_table(source, split)
+    columns = tuple(text_columns) if text_columns else default_text_columns(data.column_names, source)
+    return data, columns, {"source": str(Path(source).resolve()) if Path(source).exists() else source, "split": split}
+
+
+def run_augment(
+    config: PipelineConfig,
+    source: str | None = None,
+    text_columns: list[str] | None = None,
+    split: str = "train",
+    export: str | None = None,
+) -> dict:
+    """Augment a training set into ``config.output_dir`` (resuming a killed run), optionally export it.
+
+    Args:
+        config: ``augment`` (N, p, K, seed, vectors, workers ...), ``mlm.model`` (the masked LM), ``task`` (used when
+            ``source`` is None) and ``output_dir``.
+        source: see :func:`distill.data.read_table`; None augments the training set of ``config.task``.
+        text_columns: one column, or two for pair tasks (each augmented independently).
+        split: split of a saved ``DatasetDict`` or hub dataset.
+        export: a ``.jsonl``, ``.csv`` or ``.tsv`` path to also write the result to.
+
+    Returns:
+        {"num_examples", "num_rows", "num_augmented", "seconds", "output", "sample" (first rows)}.
+
+    Raises:
+        ConfigError: no masked LM given. DataError: unreadable input, missing or non-text columns.
+        CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
+    """
+    from augment import generator_factory
+    from teachers.models import load_masked_lm
+
+    if config.mlm.model is None:
+        raise ConfigError("mlm.model: augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; an encoder "
+                          "without an MLM head gets one with `run_distill.py adapt-mlm`)")
+    data, columns, identity = _input(config, source, text_columns, split)
+    require_columns(data, columns, source or config.task.name)
+    not_text = [c for c in columns if not _is_text(data.features[c])]
+    if not_text:
+        raise DataError(f"{source or config.task.name}: column(s) {not_text} are not text ({data.features[not_text[0]]})")
+    out = Path(config.output_dir)
+    run_id = augment_fingerprint(config.augment, identity, len(data), data.column_names, columns, config.mlm.model)
+    record = stage_done(out, run_id)
+    if record is None:
+        check_word_vectors(config.augment.word_vectors)
+        if config.augment.num_workers > 1:
+            load_masked_lm(config.mlm.model)  # fail here, not in every worker
+        start = time.perf_counter()
+        factory = generator_factory(config.augment, config.mlm.model)
+        augmented = augment_dataset(data, columns, factory, config.augment, out, run_id)
+        num_augmented = int(sum(augmented["is_augmented"]))
+        record = mark_stage_done(out, run_id, {
+            "num_examples": len(data), "num_rows": len(augmented), "num_augmented": num_augmented,
+            "seconds": time.perf_counter() - start, "text_columns": list(columns),
+        })
+    else:
+        logger.info("augmentation in %s is complete; skipping (delete the folder to redo it)", out)
+        augmented = load_shards(out)
+    if export:
+        export_table(augmented, Path(export))
+    sample = augmented.select(range(min(6, len(augmented)))).to_list()
+    return {**record, "output": str(out / "shards"), "sample": sample}
+
+
+def _is_text(feature) -> bool:
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
+def export_table(dataset: datasets.Dataset, path: Path) -> None:
+    """Write ``dataset`` to one ``.jsonl``, ``.csv`` (quoted as needed) or ``.tsv`` (GLUE style, no quoting) file,
+    atomically.
+
+    Raises:
+        DataError: unknown suffix, or a TSV export of text holding tabs or newlines (use .csv or .jsonl).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".jsonl":
+        dataset.to_json(str(tmp), lines=True, force_ascii=False)
+    elif path.suffix == ".csv":
+        dataset.to_csv(str(tmp), index=False)
+    elif path.suffix == ".tsv":
+        for name, feature in dataset.features.items():
+            if _is_text(feature) and any("\t" in t or "\n" in t for t in dataset[name]):
+                raise DataError(f"column {name!r} holds tabs or newlines, which TSV cannot carry; export .csv or .jsonl")
+        dataset.to_csv(str(tmp), index=False, sep="\t", quoting=csv.QUOTE_NONE)
+    else:
+        raise DataError(f"cannot export to {path}: use a .jsonl, .csv or .tsv file name")
+    os.replace(tmp, path)
+    logger.info("exported %d rows to %s", len(dataset), path)
