@@ -110,6 +110,7 @@ class CandidateGenerator:
         self.space_sensitive = self._pieces(" a") != self._pieces("a")  # BPE with a leading-space marker
         self.special_ids = set(tokenizer.all_special_ids)
         self._piece_cache: dict[tuple[bool, str], int] = {}
+        self._decoded: dict[tuple[int, bool], str | None] = {}
 
     def _pieces(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -160,48 +161,61 @@ class CandidateGenerator:
                     words.append(text[start:end])
         return results
 
-    def _encode(self, row: MaskedRow) -> list[int]:
-        start, end = row.span
-        masked = row.text[:start] + self.tokenizer.mask_token + row.text[end:]
+    def _encode(self, rows: list[MaskedRow]) -> list[dict[str, list[int]]]:
+        """Token ids (and segment ids) of every row, tokenized in one call.
+
+        With ``mlm_context="pair"`` a row is ``[CLS] masked text [SEP] text [SEP]`` with segment ids 0 then 1, as the
+        reference code builds it.
+        """
+        masked = [r.text[: r.span[0]] + self.tokenizer.mask_token + r.text[r.span[1] :] for r in rows]
         if self.mlm_context == "pair":
-            return self.tokenizer(masked, row.text, truncation=True)["input_ids"]
-        return self.tokenizer(masked, truncation=True)["input_ids"]
+            encoded = self.tokenizer(masked, [r.text for r in rows], truncation=True)
+        else:
+            encoded = self.tokenizer(masked, truncation=True)
+        keys = [k for k in ("input_ids", "token_type_ids") if k in encoded]
+        return [{k: encoded[k][i] for k in keys} for i in range(len(rows))]
 
     @torch.no_grad()
     def masked_lm_candidates(self, rows: list[MaskedRow]) -> list[list[str]]:
-        """Top-K masked-LM predictions for each row; continuation pieces and non-words dropped (so up to K remain)."""
-        encoded = [self._encode(row) for row in rows]
-        order = sorted(range(len(rows)), key=lambda i: len(encoded[i]))
+        """Top-K masked-LM predictions for each row; continuation pieces and non-words dropped (so up to K remain).
+
+        Rows are sorted by length and run ``batch_size`` at a time, with the LM head applied at the masked position
+        only. A row whose mask was truncated away (a text longer than the model's maximum) gets no candidates.
+        """
+        if not rows:
+            return []
+        encoded = self._encode(rows)
+        order = sorted(range(len(rows)), key=lambda i: len(encoded[i]["input_ids"]))
         out: list[list[str]] = [[] for _ in rows]
         for first in range(0, len(order), self.batch_size):
             chunk = order[first : first + self.batch_size]
             top = self._top_k([encoded[i] for i in chunk])
             for i, ids in zip(chunk, top):
-                out[i] = self._decode_candidates(ids, rows[i].needs_space)
+                out[i] = [w for w in (self._decode(t, rows[i].needs_space) for t in ids) if w is not None]
         return out
 
-    def _top_k(self, sequences: list[list[int]]) -> list[list[int]]:
-        batch = self.tokenizer.pad({"input_ids": sequences}, return_tensors="pt").to(self.device)
+    def _top_k(self, rows: list[dict[str, list[int]]]) -> list[list[int]]:
+        batch = self.tokenizer.pad(rows, return_tensors="pt").to(self.device)
         is_mask = batch["input_ids"] == self.tokenizer.mask_token_id
         # The first [MASK] of each row is the masked word (the pair's second text is unmasked).
         first_mask = is_mask.int().argmax(dim=1)
         positions = torch.zeros_like(is_mask)
-        positions[torch.arange(len(sequences), device=self.device), first_mask] = True
+        positions[torch.arange(len(rows), device=self.device), first_mask] = True
         logits = masked_lm_logits(self.model, batch, positions)  # (rows, V), one per row in row order
-        return logits.topk(self.num_candidates, dim=-1).indices.tolist()
+        top = logits.topk(self.num_candidates, dim=-1).indices.tolist()
+        return [ids if found else [] for ids, found in zip(top, is_mask.any(dim=1).tolist())]
 
-    def _decode_candidates(self, ids: list[int], needs_space: bool) -> list[str]:
-        words = []
-        for token_id in ids:
-            if token_id in self.special_ids:
-                continue
-            text = self.tokenizer.decode([token_id])
-            if text.startswith("##") or (needs_space and not text.startswith(" ")):
-                continue  # a continuation piece, not a word
-            text = text.strip()
-            if text.isalpha():  # a word replaces a word: punctuation and numbers are not candidates
-                words.append(text)
-        return words
+    def _decode(self, token_id: int, needs_space: bool) -> str | None:
+        """The word a candidate token stands for, or None when it is not a whole alphabetic word (cached)."""
+        key = (token_id, needs_space)
+        if key not in self._decoded:
+            text = None if token_id in self.special_ids else self.tokenizer.decode([token_id])
+            if text is None or text.startswith("##") or (needs_space and not text.startswith(" ")):
+                self._decoded[key] = None  # a special token or a continuation piece, not a word
+            else:
+                text = text.strip()
+                self._decoded[key] = text if text.isalpha() else None  # punctuation and numbers are not words
+        return self._decoded[key]
 
 
 def sample_copies(

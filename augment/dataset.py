@@ -31,6 +31,8 @@ from distill.config import AugmentConfig, fingerprint, to_dict
 logger = logging.getLogger(__name__)
 
 SHARDS = "shards"
+# Examples whose candidate lists are built together: their masked rows are sorted by length across all of them.
+EXAMPLES_PER_PASS = 256
 RUN_FILE = "run.json"
 
 
@@ -161,8 +163,8 @@ def augment_dataset(
 
 def _write_shard(examples, indices, text_columns, generator, config, features, final: Path, advance) -> int:
     rows = []
-    for first in range(0, len(examples), config.batch_size):
-        batch = slice(first, first + config.batch_size)
+    for first in range(0, len(examples), EXAMPLES_PER_PASS):
+        batch = slice(first, first + EXAMPLES_PER_PASS)
         rows += augment_examples(examples[batch], indices[batch], text_columns, generator, config)
         advance(len(indices[batch]))
     _save_shard(_rows_to_dataset(rows, features), final)

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from augment import CandidateGenerator, NeighbourCache, augment_examples, load_stopwords, load_word_vectors  # noqa: E402
 from augment.augmenter import split_words  # noqa: E402
+from augment.dataset import EXAMPLES_PER_PASS  # noqa: E402
 from distill.config import AugmentConfig  # noqa: E402
 from teachers.models import load_masked_lm, load_tokenizer  # noqa: E402
 
@@ -56,7 +57,7 @@ class ReferenceProcedure:
         with torch.no_grad():
             logits = self.model(input_ids=ids, token_type_ids=segments).logits[0, position + 1]
         top = torch.argsort(logits, descending=True)[: self.k].tolist()
-        return self.generator._decode_candidates(top, needs_space=False)
+        return [w for w in (self.generator._decode(t, needs_space=False) for t in top) if w is not None]
 
     def _neighbours(self, word: str) -> list[str]:
         key = word.lower()
@@ -159,9 +160,9 @@ def main() -> None:
     ours = fresh_generator()
     start = time.perf_counter()
     examples = [{"sentence": s} for s in sentences]
-    for first in range(0, len(examples), config.batch_size):
-        augment_examples(examples[first : first + config.batch_size], list(range(first, first + config.batch_size)),
-                         ("sentence",), ours, config)
+    for first in range(0, len(examples), EXAMPLES_PER_PASS):  # as augment_dataset groups them
+        batch = slice(first, first + EXAMPLES_PER_PASS)
+        augment_examples(examples[batch], list(range(len(examples)))[batch], ("sentence",), ours, config)
     ours_s = time.perf_counter() - start
 
     our_candidates = fresh_generator().candidates(sentences)

@@ -124,7 +124,7 @@ class AugmentConfig:
     stopwords: str | None = None  # stop word file, one a line (None: NLTK English)
     mlm_context: str = "pair"  # "pair": [CLS] masked [SEP] original [SEP] as the reference code; "single": masked only
     max_examples: int | None = None  # augment only the first N training examples (None: all)
-    batch_size: int = 128  # masked rows per masked-LM forward (and examples per candidate pass)
+    batch_size: int = 32  # masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)
     shard_size: int = 1000  # source examples per written shard (resume granularity)
     num_workers: int = 1  # processes, each augmenting whole shards with its own masked LM
     seed: int = 42  # same seed, same output, whatever the batch size

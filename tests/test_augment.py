@@ -195,8 +195,8 @@ class _Interrupting:
 def test_resume_after_an_interruption_gives_the_uninterrupted_output(generator, tmp_path):
     config = AugmentConfig(num_copies=5, replace_prob=0.5, seed=2, shard_size=2, batch_size=1)
     full = augment_dataset(_dataset(), ("sentence1", "sentence2"), generator, config, tmp_path / "full", "run")
-    with pytest.raises(KeyboardInterrupt):  # dies in the second shard, after its first example
-        augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 2 * 2 + 2), config,
+    with pytest.raises(KeyboardInterrupt):  # one pass per column and shard: dies in the second shard's second column
+        augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 3), config,
                         tmp_path / "killed", "run")
     assert [p.name for p in sorted((tmp_path / "killed" / "shards").glob("shard-*"))] == ["shard-00000"]
     resumed = augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 99), config,
