@@ -159,7 +159,9 @@ def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     )
 
 
-TABLE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}),
+# A UTF-8 byte-order mark (as in GLUE's MRPC files) is not part of the first column's name.
+TABLE_FORMATS = {".csv": ("csv", {"encoding": "utf-8-sig"}),
+                 ".tsv": ("csv", {"delimiter": "\t", "quoting": csv.QUOTE_NONE, "encoding": "utf-8-sig"}),
                  ".jsonl": ("json", {}), ".json": ("json", {})}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 from safetensors.torch import save_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, set_seed
 
 from augment import (
     augment_dataset,
@@ -156,6 +156,7 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         _banner("task distillation, intermediate step", step1)
         teacher = load_teacher(str(teacher_dir), spec)
         layer_map = build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
+        set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
         student = _student(config, teacher, tokenizer, layer_map)
         terms = {t: weights.get(t, 1.0) for t in ("embedding", "hidden", "attention")}
         objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import datasets
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, set_seed
 
 from distill.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
@@ -53,6 +53,7 @@ def finetune_teacher(
         The stage record: {"run_id", "dev": {metric: value}, "num_train_examples"}.
     """
     tokenizer = load_tokenizer(config.base_model)
+    set_seed(config.train.seed)  # the new classifier head is drawn from the global RNG: same seed, same teacher
     id2label = dict(enumerate(spec.label_names)) if spec.label_names else None
     model = AutoModelForSequenceClassification.from_pretrained(
         resolve_model(config.base_model),

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import datasets
-from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling
+from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, set_seed
 
 from distill.checkpoint import mark_stage_done
 from distill.config import MLMConfig
@@ -54,6 +54,7 @@ def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str) -> dict:
         The stage record: {"run_id", "num_corpus_lines", "final_loss"}.
     """
     tokenizer = load_tokenizer(config.base_model)
+    set_seed(config.train.seed)  # the new MLM head is drawn from the global RNG
     model = AutoModelForMaskedLM.from_pretrained(resolve_model(config.base_model))
     corpus = load_corpus(corpus_files(config.corpus))
     encoded = corpus.map(

@@ -57,7 +57,7 @@ def test_mrpc_columns_are_renamed(tmp_path):
 
 def test_read_table_formats(tmp_path):
     (tmp_path / "a.csv").write_text('text,label\n"hello, world",1\nfine,0\n')
-    (tmp_path / "a.tsv").write_text('sentence\tlabel\nsay "hi" now\t1\n')
+    (tmp_path / "a.tsv").write_text('\ufeffsentence\tlabel\nsay "hi" now\t1\n')  # with a byte-order mark
     (tmp_path / "a.jsonl").write_text('{"question": "why?", "sentence": "because", "label": 2}\n')
     assert read_table(str(tmp_path / "a.csv"))[:] == {"text": ["hello, world", "fine"], "label": [1, 0]}
     assert read_table(str(tmp_path / "a.tsv"))["sentence"] == ['say "hi" now']  # TSV: quotes are text, as GLUE

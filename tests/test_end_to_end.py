@@ -99,3 +99,12 @@ def test_bad_input_gives_a_clear_error_and_no_traceback(tmp_path):
     assert result.returncode == 2
     assert "word vectors '/no/such/glove.txt' not found" in result.stderr
     assert not (tmp_path / "out2" / "teacher").exists()  # checked before any work is done
+
+
+def test_same_config_and_seed_give_the_same_student(smoke_run, tmp_path):
+    out, _ = smoke_run
+    result = _run("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for stage in ("teacher", "mlm", "student"):  # new heads and the student are drawn from a seeded RNG
+        first = (out / stage / "model.safetensors").read_bytes()
+        assert first == (tmp_path / stage / "model.safetensors").read_bytes(), stage
