@@ -13,13 +13,14 @@ import logging
 import math
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
@@ -132,7 +133,11 @@ def train(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision)
+    # Unused parameters are normal here (the student's classifier in the intermediate step), so DDP must look for them.
+    accelerator = accelerator or Accelerator(
+        mixed_precision=config.mixed_precision,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+    )
     torch.manual_seed(config.seed)
     world = accelerator.num_processes
     sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, accelerator.process_index, world)
@@ -141,9 +146,13 @@ def train(
     steps = total_steps(config, len(dataset), world)
     objective.to(accelerator.device)
     trainable = objective.trainable
-    optimizer = _optimizer(trainable, config)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * steps), steps)
-    model = accelerator.prepare_model(trainable) if world > 1 else trainable
+    # The accelerate optimizer applies fp16 loss scaling (and skips steps whose gradients overflowed). The scheduler
+    # stays ours: total_steps already counts global batches.
+    optimizer = accelerator.prepare_optimizer(_optimizer(trainable, config))
+    scheduler = get_linear_schedule_with_warmup(optimizer.optimizer, int(config.warmup_ratio * steps), steps)
+    # Under DDP the whole objective is wrapped, so its forward (student, teacher, losses) runs through the wrapper
+    # and gradients are all-reduced; the frozen teacher inside has no gradients to reduce.
+    model = accelerator.prepare_model(objective) if world > 1 else objective
 
     state = TrainState()
     checkpoint = latest_checkpoint(output_dir / "checkpoints")
@@ -167,20 +176,23 @@ def train(
         for batch in loader:
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             micro += 1
-            with accelerator.autocast():
-                loss, terms = objective(batch)
-            _check_finite(loss, terms, state, description)
-            accelerator.backward(loss / accumulate)
+            sync = micro % accumulate == 0  # the last micro-batch of an optimizer step all-reduces gradients
+            with nullcontext() if sync or world == 1 else model.no_sync():
+                with accelerator.autocast():
+                    loss, terms = model(batch)
+                _check_finite(loss, terms, state, description)
+                accelerator.backward(loss / accumulate)
             state.batch_in_epoch += 1
             size = len(batch["input_ids"]) * world
             state.samples += size
             window["samples"] += size
-            if micro % accumulate:
+            if not sync:
                 continue
             if config.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                accelerator.clip_grad_norm_(trainable.parameters(), config.max_grad_norm)
             optimizer.step()
-            scheduler.step()
+            if not accelerator.optimizer_step_was_skipped:
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             progress.update(1)

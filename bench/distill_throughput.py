@@ -1,0 +1,150 @@
+"""Distillation step cost against the work no distillation can avoid, timed side by side (interleaved) in one process.
+
+For the MiniLM teacher and a 4-layer/312 student at batch 32, length 128 on this machine:
+
+(a) unavoidable: teacher forward (no grad) + student forward/backward + optimizer step, both models with their default
+    (SDPA) attention and a plain cross-entropy loss on the labels;
+(b) a full distillation step: embedding, hidden, attention and prediction losses with the pre-softmax attention
+    scores captured through the attention interface and the projections trained.
+
+``overhead_ratio`` = b / a (target <= 1.10).
+
+The prediction step with and without the teacher-logit cache:
+
+(c) live: teacher forward + student step on the soft cross-entropy;
+(d) cached: the student step alone, the teacher's logits read from the batch;
+
+``cache_speedup`` = c / d, beside its limit ``cache_limit`` = (teacher forward + student step) / student step, each
+timed separately (about 1.77 by FLOP count for these shapes); target ``cache_speedup`` >= 0.9 x ``cache_limit``.
+
+Usage: python bench/distill_throughput.py [--batch-size 32] [--seq-length 128] [--repeats 10] [--warmup 2]
+The last line printed is a JSON object with every ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from transformers import AutoModelForSequenceClassification, set_seed  # noqa: E402
+
+from distill.config import StudentConfig  # noqa: E402
+from distill.layer_map import build_layer_map  # noqa: E402
+from distill.objective import DistillationObjective  # noqa: E402
+from students import build_student  # noqa: E402
+from teachers.models import resolve_model  # noqa: E402
+
+
+def models(preset: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    teacher = AutoModelForSequenceClassification.from_pretrained(resolve_model("minilm"), num_labels=2).eval()
+    student = build_student(teacher, StudentConfig(preset=preset)).train()
+    return teacher.requires_grad_(False), student
+
+
+def batch(batch_size: int, seq_length: int, vocab: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, vocab, (batch_size, seq_length), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+            "labels": torch.randint(0, 2, (batch_size,), generator=generator)}
+
+
+def optimizer_for(module: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--student", default="tinybert-4l-312")
+    args = parser.parse_args()
+    set_seed(0)
+    inputs = {k: v for k, v in batch(args.batch_size, args.seq_length, 30522).items() if k != "labels"}
+    labels = batch(args.batch_size, args.seq_length, 30522)["labels"]
+
+    teacher_a, student_a = models(args.student)  # default attention (SDPA)
+    optimizer_a = optimizer_for(student_a)
+
+    teacher_b, student_b = models(args.student)
+    layer_map = build_layer_map("uniform", teacher_b.config.num_hidden_layers, student_b.config.num_hidden_layers)
+    full = DistillationObjective(teacher_b, student_b, {"embedding": 1, "hidden": 1, "attention": 1, "prediction": 1},
+                                 layer_map).train()
+    optimizer_b = optimizer_for(full.trainable)
+
+    teacher_c, student_c = models(args.student)
+    prediction = DistillationObjective(teacher_c, student_c, {"prediction": 1}, layer_map).train()
+    optimizer_c = optimizer_for(prediction.trainable)
+    with torch.no_grad():
+        cached_logits = teacher_c(**inputs).logits
+
+    def step(loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def unavoidable() -> None:
+        with torch.no_grad():
+            teacher_a(**inputs)
+        step(F.cross_entropy(student_a(**inputs).logits, labels), optimizer_a)
+
+    def distillation() -> None:
+        step(full(inputs)[0], optimizer_b)
+
+    def prediction_live() -> None:
+        step(prediction(inputs)[0], optimizer_c)
+
+    def prediction_cached() -> None:
+        step(prediction({**inputs, "teacher_logits": cached_logits})[0], optimizer_c)
+
+    def teacher_forward() -> None:
+        with torch.no_grad():
+            teacher_c(**inputs)
+
+    runs = {"unavoidable": unavoidable, "distillation": distillation, "prediction_live": prediction_live,
+            "prediction_cached": prediction_cached, "teacher_forward": teacher_forward}
+    for _ in range(args.warmup):
+        for run in runs.values():
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.repeats):  # interleaved, so machine noise spreads over all of them
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    spread = {name: (max(v) - min(v)) / statistics.median(v) for name, v in times.items()}
+    print(f"batch {args.batch_size}, length {args.seq_length}, teacher MiniLM-L6 (6x384), student {args.student}, "
+          f"{torch.get_num_threads()} threads, median of {args.repeats} interleaved repeats (ms; spread max-min/median)")
+    for name in runs:
+        print(f"  {name:18s} {1000 * median[name]:9.1f} ms  ({100 * spread[name]:.0f}%)")
+    overhead = median["distillation"] / median["unavoidable"]
+    cache_speedup = median["prediction_live"] / median["prediction_cached"]
+    cache_limit = (median["teacher_forward"] + median["prediction_cached"]) / median["prediction_cached"]
+    print(f"overhead_ratio {overhead:.3f} (target <= 1.10); cache_speedup {cache_speedup:.3f} vs cache_limit "
+          f"{cache_limit:.3f} ({cache_speedup / cache_limit:.1%} of the limit, target >= 90%)")
+    print(json.dumps({
+        "overhead_ratio": round(overhead, 4),
+        "cache_speedup": round(cache_speedup, 4),
+        "cache_limit": round(cache_limit, 4),
+        "cache_fraction_of_limit": round(cache_speedup / cache_limit, 4),
+        "ms": {name: round(1000 * value, 2) for name, value in median.items()},
+        "batch_size": args.batch_size,
+        "seq_length": args.seq_length,
+        "num_threads": torch.get_num_threads(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
