@@ -57,12 +57,15 @@ def attention_loss(
     Returns:
         Scalar: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid pairs).
     """
-    teacher_scores = match_heads(teacher_scores, student_scores.shape[1])
-    mask = attention_mask.to(student_scores.dtype)
-    pair_mask = mask[:, None, :, None] * mask[:, None, None, :]  # (B, 1, T, T)
-    squared = (student_scores - teacher_scores.to(student_scores.dtype)).square() * pair_mask
+    teacher_scores = match_heads(teacher_scores, student_scores.shape[1]).to(student_scores.dtype)
+    valid = attention_mask.bool()
+    pair_mask = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, T, T)
+    # Where a pair is padding, the target is the student's own (detached) score: the difference there is exactly 0 and
+    # so is its gradient. One select, one subtraction and one dot product: the fewest passes over (B, A, T, T).
+    target = torch.where(pair_mask, teacher_scores, student_scores.detach())
+    difference = (student_scores - target).reshape(-1)
     num_pairs = pair_mask.sum() * student_scores.shape[1]
-    return squared.sum() / num_pairs.clamp(min=1)
+    return torch.dot(difference, difference) / num_pairs.clamp(min=1)
 
 
 def hidden_loss(
@@ -89,9 +92,10 @@ def hidden_loss(
             f"student hidden size {student_hidden.shape[-1]} differs from the teacher's {teacher_hidden.shape[-1]} "
             "and no projection was given"
         )
-    mask = attention_mask.to(student_hidden.dtype)[..., None]  # (B, T, 1)
-    squared = (student_hidden - teacher_hidden.to(student_hidden.dtype)).square() * mask
-    return squared.sum() / (mask.sum() * student_hidden.shape[-1]).clamp(min=1)
+    valid = attention_mask.bool()[..., None]  # (B, T, 1)
+    target = torch.where(valid, teacher_hidden.to(student_hidden.dtype), student_hidden.detach())  # as attention_loss
+    difference = (student_hidden - target).reshape(-1)
+    return torch.dot(difference, difference) / (valid.sum() * student_hidden.shape[-1]).clamp(min=1)
 
 
 def soft_cross_entropy(

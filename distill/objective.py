@@ -117,7 +117,8 @@ class DistillationObjective(nn.Module):
         self.regression = regression
         self.needs_intermediate = any(t in self.terms for t in INTERMEDIATE_TERMS)
         if "attention" in self.terms:
-            enable_score_capture(teacher)
+            # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only.
+            enable_score_capture(teacher, [g - 1 for g in self.layer_map], fused=True)
             enable_score_capture(student)
         self.trainable = nn.ModuleDict(
             {"student": student, "projections": self._projections(student, teacher, share_projection)}

@@ -59,3 +59,26 @@ def test_saved_model_does_not_keep_the_capture_attention(tmp_path):
     assert reloaded.config._attn_implementation != "tinydistill_scores"
     batch = padded_batch()
     torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
+
+
+def test_capture_of_chosen_layers_only_keeps_layer_positions():
+    full = enable_score_capture(tiny_bert(num_hidden_layers=3))
+    partial = enable_score_capture(tiny_bert(num_hidden_layers=3), layers=[1])  # layers 0 and 2 run SDPA
+    batch = padded_batch()
+    expected, got = run_model(full, batch), run_model(partial, batch)
+    assert got.attentions[0] is None and got.attentions[2] is None and got.attentions[1].shape == (3, 4, 7, 7)
+    # Layer 1's input came from SDPA in layer 0: equal to eager up to float rounding.
+    torch.testing.assert_close(got.attentions[1], expected.attentions[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-6)
+    assert len(got.hidden_states) == 4
+
+
+def test_fused_capture_for_a_frozen_teacher_gives_the_same_scores():
+    eager = enable_score_capture(tiny_bert())
+    fused = enable_score_capture(tiny_bert(), fused=True)
+    batch = padded_batch()
+    with torch.no_grad():
+        expected, got = run_model(eager, batch), run_model(fused, batch)
+    for layer in range(2):
+        torch.testing.assert_close(got.attentions[layer], expected.attentions[layer], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-6)
