@@ -1,6 +1,9 @@
 """Command line: parse, build, call. All logic lives in the packages, where tests reach it.
 
     python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
+                                     [--student DIR]
+    python run_distill.py distill --stage general [--teacher ENCODER] [--corpus FILE|HUB ...] [--max-steps N]
+                                     [--streaming] [--output-dir DIR]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
     python run_distill.py augment    --mlm MODEL [--input FILE|DIR|HUB [--text-columns A [B]]] [--task NAME] [options]
 """
@@ -21,6 +24,35 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
     parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
+    _set_flag(parser)
+
+
+def _set_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config field, e.g. --set student.init=random --set distill.temperature=2 "
+                        "(VALUE is read as YAML; repeatable)")
+
+
+def set_overrides(pairs: list[str]) -> dict:
+    """``["student.init=random", "x.y=[1, 2]"]`` -> ``{"student.init": "random", "x.y": [1, 2]}`` (values as YAML).
+
+    Raises:
+        ConfigError: an entry has no ``=`` or its value is not valid YAML.
+    """
+    import yaml
+
+    from distill.config import ConfigError
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set student.init=random")
+        try:
+            overrides[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--set {pair!r}: the value is not valid YAML ({error.problem})") from None
+    return overrides
 
 
 # Flags of the augment command that set fields of the augment config section.
@@ -47,6 +79,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
     _common(pipeline)
     pipeline.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune")
+    pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
+                          "`distill --stage general` (overrides student.model)")
+
+    distill = commands.add_parser("distill", help="general distillation on a text corpus (--stage general), or task "
+                                  "distillation (--stage task: the pipeline)")
+    _common(distill)
+    distill.add_argument("--stage", choices=["general", "task"], required=True)
+    distill.add_argument("--teacher", help="general: pre-trained encoder (hub name, folder, 'minilm'); task: a "
+                         "fine-tuned classifier")
+    distill.add_argument("--student", help="task: start from this checkpoint (e.g. a general-distilled student)")
+    distill.add_argument("--corpus", nargs="+", help="general: text files (.txt/.gz, one sentence a line, blank line "
+                         "between documents) or hub datasets name[:config] (overrides general.corpus)")
+    distill.add_argument("--max-steps", type=int, help="general: optimizer steps (overrides general.train.max_steps)")
+    distill.add_argument("--streaming", action="store_true", default=None,
+                         help="general: pack the corpus on the fly instead of once (large corpora)")
 
     mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
     mlm.add_argument("--config", help="YAML config whose mlm section is used")
@@ -54,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mlm.add_argument("--corpus", nargs="+", help="text files, one sentence a line (.txt/.gz); overrides mlm.corpus")
     mlm.add_argument("--max-steps", type=int, help="optimizer steps (overrides mlm.train.max_steps)")
     mlm.add_argument("--output-dir", required=True, help="where the ...ForMaskedLM checkpoint is saved")
+    _set_flag(mlm)
 
     augment = commands.add_parser("augment", help="TinyBERT data augmentation of a training set")
     _common(augment)
@@ -84,19 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from distill.config import load_config
 
-    config_file = args.config or (str(DEFAULT_CONFIG) if args.command == "pipeline" else None)
+    config_file = args.config or (str(DEFAULT_CONFIG) if args.command in ("pipeline", "distill") else None)
     overrides = {"output_dir": args.output_dir}
-    if args.command in ("pipeline", "augment"):
+    if args.command in ("pipeline", "augment", "distill"):
         overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
-    if args.command == "pipeline":
-        overrides["teacher.model"] = args.teacher
+    if args.command == "pipeline" or (args.command == "distill" and args.stage == "task"):
+        overrides.update({"teacher.model": args.teacher, "student.model": args.student})
+    if args.command == "distill" and args.stage == "general":
+        overrides.update({"general.teacher": args.teacher, "general.corpus": args.corpus,
+                          "general.train.max_steps": args.max_steps, "general.streaming": args.streaming})
     if args.command == "adapt-mlm":
         overrides.update({"mlm.base_model": args.model, "mlm.corpus": args.corpus, "mlm.train.max_steps": args.max_steps})
     if args.command == "augment":
         overrides["mlm.model"] = args.mlm
         overrides.update({f"augment.{key}": getattr(args, key) for _, key, _, _ in AUGMENT_FLAGS})
     try:
-        config = load_config(config_file, overrides)
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        overrides.update(set_overrides(args.set))  # explicit: null is a value here
+        config = load_config(config_file, overrides, ignore_none=False)
         _setup_logging(Path(config.output_dir))
         return COMMANDS[args.command](config, args)
     except KnownErrors() as error:
@@ -128,6 +181,20 @@ def run_pipeline_command(config, args) -> int:
     return 0 if report else 1
 
 
+def run_distill_command(config, args) -> int:
+    if args.stage == "task":
+        return run_pipeline_command(config, args)
+    from distill.general import run_general_distillation
+
+    folder = Path(config.output_dir) / "general"
+    record = run_general_distillation(config.general, folder)
+    print(f"general distillation: {record['steps']} steps, {record['samples']} sequences in {record['seconds']:.0f} s; "
+          f"final losses {record['final']}")
+    print(f"student encoder saved to {folder}; distil it on a task with "
+          f"`python run_distill.py pipeline --student {folder}`")
+    return 0
+
+
 def run_adapt_mlm_command(config, args) -> int:
     from distill.config import fingerprint
     from distill.checkpoint import stage_done
@@ -152,7 +219,7 @@ def run_augment_command(config, args) -> int:
     return 0
 
 
-COMMANDS = {"pipeline": run_pipeline_command, "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
+COMMANDS = {"pipeline": run_pipeline_command, "distill": run_distill_command, "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -47,15 +47,19 @@ def save_checkpoint(
     scheduler: Any,
     state: Any,
     rng: dict,
+    extra: dict | None = None,
     keep: int = 1,
 ) -> Path:
-    """Write ``directory/step-{state.step:06d}`` atomically and keep the newest ``keep`` checkpoints."""
+    """Write ``directory/step-{state.step:06d}`` atomically and keep the newest ``keep`` checkpoints.
+
+    ``extra`` holds other picklable training state (e.g. a streamed dataset's position)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-"))
     weights = {k: v.detach().contiguous().cpu() for k, v in trainable.state_dict().items()}
     save_file(_untie(weights), tmp / "trainable.safetensors")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng}, tmp / "train.pt")
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, "extra": extra or {}},
+               tmp / "train.pt")
     (tmp / "state.json").write_text(
         json.dumps({"run_id": run_id, "state": dataclasses.asdict(state)}, indent=2), encoding="utf-8"
     )
@@ -89,7 +93,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def load_checkpoint(
     path: Path, run_id: str, trainable: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> dict:
-    """Restore a checkpoint into ``trainable``, ``optimizer`` and ``scheduler``; returns {"state", "rng"}.
+    """Restore a checkpoint into ``trainable``, ``optimizer`` and ``scheduler``; returns {"state", "rng", "extra"}.
 
     Raises:
         CheckpointError: the checkpoint is unreadable or was written by another run (a different config).
@@ -108,7 +112,7 @@ def load_checkpoint(
     trainable.load_state_dict(weights)
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
-    return {"state": meta["state"], "rng": extra["rng"]}
+    return {"state": meta["state"], "rng": extra["rng"], "extra": extra.get("extra", {})}
 
 
 def stage_done(directory: Path, run_id: str) -> dict | None:

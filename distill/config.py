@@ -195,6 +195,41 @@ class DistillConfig:
 
 
 @dataclass
+class GeneralConfig:
+    """General distillation (TinyBERT §3.4): a pre-trained encoder teaches a student encoder on unlabelled text."""
+
+    teacher: str = "minilm"  # pre-trained (not fine-tuned) encoder: hub name, folder, or "minilm" (bundled)
+    corpus: list[str] = field(default_factory=lambda: ["bundled"])  # text files (.txt/.gz) or hub name[:config]
+    corpus_column: str = "text"  # text column of a hub corpus
+    streaming: bool = False  # pack on the fly while training (large corpora); else packed once and saved
+    max_seq_length: int = 128  # tokens per packed sequence, special tokens included
+    # The paper starts from random weights; our default starts the embeddings from the teacher's (see StudentConfig).
+    student: StudentConfig = field(default_factory=lambda: StudentConfig(init="teacher_embeddings"))
+    layer_map: str | list[int] = "uniform"  # as distill.layer_map
+    share_projection: bool = False  # one W for embeddings and hidden layers (reference code) vs W_e, W_h (paper)
+    weights: dict[str, float] = field(default_factory=dict)  # per-term weights: embedding, hidden, attention
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(max_steps=1000, learning_rate=1e-4, warmup_ratio=0.1, save_steps=200)
+    )
+
+    def __post_init__(self) -> None:
+        _check(len(self.corpus) > 0, "corpus", "must name at least one text file or hub dataset (or 'bundled')")
+        _check(self.max_seq_length >= 8, "max_seq_length", f"must be >= 8, got {self.max_seq_length}")
+        _check(
+            not self.streaming or self.train.max_steps is not None,
+            "train.max_steps",
+            "must be set when streaming (a streamed corpus has no known length)",
+        )
+        if isinstance(self.layer_map, str):
+            _check(self.layer_map in ("uniform", "last", "first"), "layer_map",
+                   f"must be uniform, last, first or a list of teacher layers, got {self.layer_map!r}")
+        for term, weight in self.weights.items():
+            _check(term in ("embedding", "hidden", "attention"), f"weights.{term}",
+                   "unknown loss term; general distillation uses embedding, hidden and attention")
+            _check(weight >= 0, f"weights.{term}", f"must be >= 0, got {weight}")
+
+
+@dataclass
 class ReportConfig:
     """Evaluation and the size/speed report."""
 
@@ -212,7 +247,8 @@ class ReportConfig:
 
 @dataclass
 class PipelineConfig:
-    """The whole job: teacher, masked LM, augmentation, task distillation, report."""
+    """The whole job: teacher, masked LM, augmentation, task distillation, report (and general distillation, run
+    on its own by ``run_distill.py distill --stage general``)."""
 
     output_dir: str = "runs/sst2_minilm"  # every stage writes a folder here
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -221,6 +257,7 @@ class PipelineConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    general: GeneralConfig = field(default_factory=GeneralConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
 
 
@@ -285,13 +322,15 @@ def from_dict(cls: type, data: dict, path: str = "") -> Any:
         raise ConfigError(f"{path}.{error}" if path else str(error)) from None
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+def load_config(
+    path: str | Path | None, overrides: dict[str, Any] | None = None, ignore_none: bool = True
+) -> PipelineConfig:
     """Read a YAML file onto :class:`PipelineConfig`, apply dotted ``overrides`` and validate.
 
     Args:
         path: YAML file, or None for the defaults.
-        overrides: e.g. ``{"task.data_dir": "data/SST-2", "teacher.model": "textattack/bert-base-uncased-SST-2"}``;
-            entries whose value is None are ignored.
+        overrides: e.g. ``{"task.data_dir": "data/SST-2", "teacher.model": "textattack/bert-base-uncased-SST-2"}``.
+        ignore_none: skip overrides whose value is None (unset command-line flags); False sets them to null.
 
     Raises:
         ConfigError: unknown key, wrong type or out-of-range value, naming the field path.
@@ -304,12 +343,14 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the config must be a YAML mapping, got {type(data).__name__}")
     for dotted, value in (overrides or {}).items():
-        if value is None:
+        if value is None and ignore_none:
             continue
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: {part} is not a section, so it has no field {leaf!r}")
         node[leaf] = value
     return from_dict(PipelineConfig, data)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-from safetensors.torch import save_file
+from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, set_seed
 
 from augment import (
@@ -32,6 +32,7 @@ from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict
 from distill.data import TaskSpec, collator, get_task, load_task_data, tokenize
 from distill.evaluate import evaluate, predict
+from distill.general import PROJECTIONS_FILE, save_projections
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
@@ -115,6 +116,24 @@ def _student(config: PipelineConfig, teacher, teacher_tokenizer, layer_map: list
     )
 
 
+def load_projections(objective: DistillationObjective, folder: Path) -> bool:
+    """Start the objective's projections from those learnt with the student (general distillation), when the
+    folder has them and they fit; returns whether they were loaded."""
+    path = folder / PROJECTIONS_FILE
+    projections = objective.trainable["projections"]
+    if not path.is_file() or not len(projections):
+        return False
+    saved = load_file(path)
+    current = projections.state_dict()
+    if saved.keys() != current.keys() or any(saved[k].shape != current[k].shape for k in saved):
+        logger.warning("projections in %s (%s) do not fit this objective (%s); new ones are trained", path,
+                       sorted(saved), sorted(current))
+        return False
+    projections.load_state_dict(saved)
+    logger.info("projections loaded from %s", path)
+    return True
+
+
 def _student_layers(config: PipelineConfig) -> int:
     if config.student.model is not None:
         return load_model_config(config.student.model).num_hidden_layers
@@ -133,6 +152,8 @@ def _distill_step(
         teacher, student, terms, layer_map, config.distill.share_projection, config.distill.temperature,
         config.distill.temperature_squared, config.distill.hard_label_weight, spec.is_regression,
     )
+    if name == "intermediate" and config.student.model is not None:
+        load_projections(objective, Path(config.student.model))
     train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)")
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -161,8 +182,7 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         terms = {t: weights.get(t, 1.0) for t in ("embedding", "hidden", "attention")}
         objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
                                   config.distill.intermediate, step1, run1)
-        projections = {k: v.contiguous() for k, v in objective.trainable["projections"].state_dict().items()}
-        save_file(projections, step1 / "projections.safetensors")
+        save_projections(objective, step1)
         mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map]})
 
     final = out / "student"

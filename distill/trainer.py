@@ -4,6 +4,11 @@ It runs through `accelerate` (CPU, one GPU, or several processes under ``acceler
 ``save_steps`` optimizer steps and at the end, and resumes exactly: model, projections, optimizer, scheduler, RNG
 states and the data position are restored, so on CPU an interrupted and resumed run ends with the same weights as an
 uninterrupted one.
+
+Data is either an indexable dataset (shuffled per epoch by a seeded sampler; the position is epoch and batch) or a
+streamed ``datasets.IterableDataset`` read in order (split across processes with ``split_dataset_by_node``; the
+position is the dataset's own ``state_dict``). Logs go to the progress bar, ``log.jsonl`` and, when the
+``tensorboard`` package is installed, ``tensorboard/`` through accelerate's tracker.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import datasets
 import numpy as np
 import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate.utils import gather_object, is_tensorboard_available
+from datasets.distributed import split_dataset_by_node
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
@@ -137,13 +145,13 @@ def train(
     accelerator = accelerator or Accelerator(
         mixed_precision=config.mixed_precision,
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        log_with="tensorboard" if is_tensorboard_available() else None,
+        project_dir=str(output_dir),
     )
     torch.manual_seed(config.seed)
     world = accelerator.num_processes
-    sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, accelerator.process_index, world)
-    # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, generator=torch.Generator())
-    steps = total_steps(config, len(dataset), world)
+    data = _Batches(dataset, collate_fn, config, accelerator.process_index, world)
+    steps = total_steps(config, data.num_examples, world)
     objective.to(accelerator.device)
     trainable = objective.trainable
     # The accelerate optimizer applies fp16 loss scaling (and skips steps whose gradients overflowed). The scheduler
@@ -160,20 +168,22 @@ def train(
         saved = load_checkpoint(checkpoint, run_id, trainable, optimizer, scheduler)
         state = TrainState(**saved["state"])
         _set_rng_state(saved["rng"])
+        data.resume(saved["extra"].get("data_state"), checkpoint)
         logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, state.step, steps)
         _truncate_log(output_dir / "log.jsonl", state.step)
     if state.step >= steps:
         return state
 
     objective.train()
+    if accelerator.log_with:
+        accelerator.init_trackers("tensorboard", config={k: v for k, v in vars(config).items() if v is not None})
     log_file = (output_dir / "log.jsonl").open("a", encoding="utf-8")
     progress = tqdm(total=steps, initial=state.step, desc=description, disable=not accelerator.is_main_process)
     accumulate = config.gradient_accumulation_steps
     window = {"start": time.perf_counter(), "samples": 0}
     micro = 0
     while state.step < steps:
-        sampler.set_position(state.epoch, state.batch_in_epoch)
-        for batch in loader:
+        for batch in data.epoch(state.epoch, state.batch_in_epoch):
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             micro += 1
             sync = micro % accumulate == 0  # the last micro-batch of an optimizer step all-reduces gradients
@@ -200,8 +210,10 @@ def train(
             if state.step % config.log_steps == 0 or state.step == steps:
                 _log(log_file, state, loss, terms, scheduler, window, accelerator)
             if state.step % config.save_steps == 0 or state.step == steps:
+                extra = {"data_state": data.position(accelerator)}
                 if accelerator.is_main_process:
-                    save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state, _rng_state())
+                    save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state,
+                                    _rng_state(), extra)
                 accelerator.wait_for_everyone()
             if state.step >= steps:
                 break
@@ -210,7 +222,66 @@ def train(
             state.batch_in_epoch = 0
     progress.close()
     log_file.close()
+    accelerator.end_training()
     return state
+
+
+class _Batches:
+    """The batches of each epoch from an indexable dataset (seeded shuffle) or a streamed one (in order)."""
+
+    def __init__(self, dataset, collate_fn: Callable[[list], dict], config: TrainConfig, rank: int, world: int):
+        self.dataset, self.collate_fn, self.config = dataset, collate_fn, config
+        self.rank, self.world = rank, world
+        self.streaming = isinstance(dataset, datasets.IterableDataset)
+        self.stream, self.resume_state = None, None
+        if self.streaming:
+            if config.max_steps is None:
+                raise ValueError("a streamed dataset has no length: set max_steps for this training run")
+            self.num_examples = 0
+            return
+        self.num_examples = len(dataset)
+        self.sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, rank, world)
+        # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator())
+
+    def resume(self, data_state: list | None, checkpoint: Path) -> None:
+        """Continue a streamed dataset from the position saved in a checkpoint (one state per process)."""
+        if not self.streaming:
+            return
+        if data_state is None or len(data_state) != self.world:
+            found = "no stream position" if data_state is None else f"positions for {len(data_state)} processes"
+            raise CheckpointError(
+                f"checkpoint {checkpoint} holds {found}, this run streams with {self.world} process(es); resume with "
+                "the same data and number of processes, or delete the checkpoints folder to restart"
+            )
+        self.resume_state = data_state[self.rank]
+
+    def epoch(self, epoch: int, start_batch: int):
+        """Yield the batches of ``epoch`` from ``start_batch`` (indexable) or from the saved position (streamed)."""
+        if not self.streaming:
+            self.sampler.set_position(epoch, start_batch)
+            yield from self.loader
+            return
+        # A fresh stream per epoch: a loaded position applies to the first pass after resuming only.
+        self.stream = split_dataset_by_node(self.dataset, self.rank, self.world) if self.world > 1 else self.dataset
+        if self.resume_state is not None:
+            self.stream.load_state_dict(self.resume_state)
+            self.resume_state = None
+        self.stream.set_epoch(epoch)
+        chunk = []
+        for example in self.stream:
+            chunk.append(example)
+            if len(chunk) == self.config.batch_size:
+                yield self.collate_fn(chunk)
+                chunk = []
+        if chunk:
+            yield self.collate_fn(chunk)
+
+    def position(self, accelerator: Accelerator) -> list | None:
+        """Every process's stream position (None for an indexable dataset: epoch and batch say where it is)."""
+        if not self.streaming:
+            return None
+        return gather_object([self.stream.state_dict()]) if self.world > 1 else [self.stream.state_dict()]
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -247,3 +318,5 @@ def _log(log_file, state: TrainState, loss, terms: dict, scheduler, window: dict
     if accelerator.is_main_process:
         log_file.write(json.dumps(record) + "\n")
         log_file.flush()
+    if accelerator.log_with:
+        accelerator.log({k: v for k, v in record.items() if k != "step"}, step=state.step)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 
 import torch
-from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
 from distill.config import StudentConfig
 
@@ -58,20 +59,22 @@ def student_config(teacher_config: PretrainedConfig, shape: dict[str, int]) -> P
 
 
 def build_student(
-    teacher: PreTrainedModel, config: StudentConfig, layer_map: list[int] | None = None
+    teacher: PreTrainedModel, config: StudentConfig, layer_map: list[int] | None = None, encoder_only: bool = False
 ) -> PreTrainedModel:
-    """A new student classifier shaped by ``config``, randomly initialised or initialised from teacher layers.
+    """A new student shaped by ``config``, randomly initialised or initialised from teacher layers.
 
     Args:
-        teacher: the teacher classifier (its config supplies everything but the shape).
-        config: preset / sizes and ``init`` ("random" or "teacher").
+        teacher: the teacher, classifier or bare encoder (its config supplies everything but the shape).
+        config: preset / sizes and ``init`` ("random", "teacher_embeddings" or "teacher").
         layer_map: teacher layers [g(1), ..., g(M)] copied into student layers 1..M when ``init == "teacher"``.
+        encoder_only: build a bare encoder (``AutoModel``, for general distillation) instead of a classifier.
 
     Raises:
         ValueError: ``init == "teacher"`` but hidden or FFN sizes differ from the teacher's.
     """
     shape = student_shape(config)
-    model = AutoModelForSequenceClassification.from_config(student_config(teacher.config, shape))
+    model_class = AutoModel if encoder_only else AutoModelForSequenceClassification
+    model = model_class.from_config(student_config(teacher.config, shape))
     if config.init == "teacher":
         init_from_teacher(model, teacher, layer_map or list(range(1, shape["num_hidden_layers"] + 1)))
     elif config.init == "teacher_embeddings":
@@ -114,8 +117,18 @@ def init_embeddings_from_teacher(student: PreTrainedModel, teacher: PreTrainedMo
             module.weight.copy_(teacher_table.float() @ basis)
 
 
+def _relative_names(model: PreTrainedModel) -> dict[str, str]:
+    """Parameter names relative to the encoder (``encoder.layer.0...``) -> names in ``model``'s state dict, for a
+    bare encoder or a classifier (whose head keeps its own name, e.g. ``classifier.weight``)."""
+    prefix = f"{model.base_model_prefix}."
+    bare = model.base_model is model
+    return {(name[len(prefix):] if not bare and name.startswith(prefix) else name): name for name in model.state_dict()}
+
+
 def init_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_map: list[int]) -> None:
     """Copy embeddings, teacher layers g(1..M) and the pooler/classifier into the student (DistilBERT-style).
+
+    Works between classifiers and bare encoders in any combination (names are matched relative to the encoder).
 
     Raises:
         ValueError: the hidden or FFN sizes differ, so weights cannot be copied.
@@ -127,14 +140,10 @@ def init_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_
                 f"{getattr(student.config, key)}; use init 'random' or the teacher's sizes"
             )
     teacher_state = teacher.state_dict()
-    prefix = teacher.base_model_prefix
+    teacher_names = _relative_names(teacher)
     state = {}
-    for name in student.state_dict():
-        source = name
-        marker = f"{prefix}.encoder.layer."
-        if name.startswith(marker):
-            index, rest = name[len(marker) :].split(".", 1)
-            source = f"{marker}{layer_map[int(index)] - 1}.{rest}"
-        if source in teacher_state:
-            state[name] = teacher_state[source]
+    for name, full_name in _relative_names(student).items():
+        source = re.sub(r"^encoder\.layer\.(\d+)\.", lambda m: f"encoder.layer.{layer_map[int(m.group(1))] - 1}.", name)
+        if source in teacher_names:
+            state[full_name] = teacher_state[teacher_names[source]]
     student.load_state_dict(state, strict=False)

@@ -30,6 +30,9 @@ def test_default_config_is_the_tinybert_student():
         ("distill:\n  weights: {atention: 1}\n", "distill.weights.atention: unknown loss term"),
         ("student:\n  init: pca\n", "student.init: must be random, teacher_embeddings or teacher"),
         ("- a\n- b\n", "must be a YAML mapping"),
+        ("general:\n  weights: {prediction: 1}\n", "general.weights.prediction: unknown loss term"),
+        ("general:\n  streaming: true\n  train: {num_epochs: 1}\n", "general.train.max_steps: must be set when streaming"),
+        ("general:\n  student: {init: pca}\n", "general.student.init: must be"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path, yaml_text, message):
@@ -44,3 +47,19 @@ def test_overrides_and_fingerprints():
     assert config.task.data_dir == "x" and config.teacher.model is None and config.distill.layer_map == [1, 2]
     assert fingerprint(PipelineConfig().teacher) == fingerprint(PipelineConfig().teacher)
     assert fingerprint(config.task) != fingerprint(PipelineConfig().task)
+
+
+def test_set_flags_override_any_field_with_yaml_values():
+    from run_distill import set_overrides
+
+    overrides = set_overrides(["student.init=random", "distill.layer_map=[1, 3]", "student.model=null",
+                               "general.train={max_steps: 5, batch_size: 8}"])
+    assert overrides == {"student.init": "random", "distill.layer_map": [1, 3], "student.model": None,
+                         "general.train": {"max_steps": 5, "batch_size": 8}}
+    config = load_config(ROOT / "configs" / "sst2_minilm.yaml", overrides, ignore_none=False)
+    assert config.student.init == "random" and config.distill.layer_map == [1, 3]
+    assert config.general.train.max_steps == 5 and config.general.train.batch_size == 8
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        set_overrides(["student.init"])
+    with pytest.raises(ConfigError, match="student.init.x: init is not a section"):
+        load_config(ROOT / "configs" / "sst2_minilm.yaml", {"student.init.x": 1})

@@ -63,6 +63,29 @@ def test_resume_after_interruption_gives_the_same_weights(tmp_path, tiny_tokeniz
     assert '"loss/attention"' in lines[0] and '"samples_per_s"' in lines[0]
 
 
+def test_streamed_data_resumes_at_the_same_position(tmp_path, tiny_tokenizer):
+    """A streamed dataset (read in order, no length) resumes from its saved position: same weights as one run,
+    across the end of the stream (24 examples, 5 batches of 5 a pass)."""
+    config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=3, log_steps=1, seed=5)
+    reference = _distill_objective()
+    train(reference, _data().to_iterable_dataset(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
+    interrupted = _distill_objective()
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, _data().to_iterable_dataset(), _Pad(tiny_tokenizer, fail_after=4), config,
+              tmp_path / "b", "run")
+    resumed = _distill_objective()
+    state = train(resumed, _data().to_iterable_dataset(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
+    assert state.step == 8 and state.epoch == 1
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
+    # Started from the beginning instead, the run would differ: the position matters.
+    restarted = _distill_objective()
+    train(restarted, _data().to_iterable_dataset(), _Pad(tiny_tokenizer), TrainConfig(**{**vars(config), "max_steps": 5}),
+          tmp_path / "c", "run")
+    assert not torch.equal(restarted.trainable["student"].bert.embeddings.word_embeddings.weight,
+                           reference.trainable["student"].bert.embeddings.word_embeddings.weight)
+
+
 def test_gradient_accumulation_matches_a_large_batch(tmp_path, tiny_tokenizer):
     no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     big = ModelLossObjective(tiny_bert(seed=2, **no_dropout))

@@ -1,0 +1,110 @@
+"""General distillation (Jiao et al., 2020, §3.4 and §4.1): a pre-trained (not fine-tuned) teacher encoder
+supervises a student encoder on unlabelled text through the intermediate-layer losses only: embedding, hidden states
+and attention scores (Eq. 7-9), no prediction term.
+
+The result is a bare encoder (``AutoModel``: no classifier), its tokenizer (the teacher's) and the learnt projections
+W_e, W_h (``projections.safetensors``): the starting point of task distillation, ``pipeline --student DIR``, where
+the projections are loaded again.
+
+Layout of the output folder: the student checkpoint and tokenizer, ``projections.safetensors``, ``corpus/`` (the
+packed corpus, unless streamed), ``log.jsonl``, ``checkpoints/`` while running, ``stage.json`` when done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from safetensors.torch import save_file
+from transformers import AutoModel, set_seed
+
+from distill.checkpoint import mark_stage_done, stage_done
+from distill.config import ConfigError, GeneralConfig, fingerprint
+from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
+from distill.data import collator
+from distill.layer_map import build_layer_map
+from distill.objective import INTERMEDIATE_TERMS, DistillationObjective
+from distill.trainer import train
+from students import build_student, student_shape
+from teachers.models import load_config as load_model_config
+from teachers.models import load_tokenizer, resolve_model
+
+logger = logging.getLogger(__name__)
+
+PROJECTIONS_FILE = "projections.safetensors"
+
+
+def load_encoder(name_or_path: str):
+    """The pre-trained encoder of a checkpoint (any head is dropped), frozen and in eval mode.
+
+    Raises:
+        ModelError: the checkpoint cannot be found or loaded.
+    """
+    config = load_model_config(name_or_path)
+    if any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
+        logger.warning("general distillation teacher %s is a fine-tuned classifier; the paper uses a pre-trained "
+                       "encoder. Its encoder is used as it is.", name_or_path)
+    return AutoModel.from_pretrained(resolve_model(name_or_path)).eval().requires_grad_(False)
+
+
+def general_run_id(config: GeneralConfig) -> tuple[str, str]:
+    """Fingerprints of a general distillation (its whole config and the corpus) and of its packed corpus."""
+    corpus = corpus_fingerprint(corpus_sources(config.corpus), config.teacher, config.max_seq_length)
+    return fingerprint(config, corpus), corpus
+
+
+def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> dict:
+    """Distil ``config.teacher`` into a new student encoder on ``config.corpus``; resume if interrupted.
+
+    Args:
+        config: teacher, corpus, student shape and initialisation, layer map, loss weights, training schedule.
+        output_dir: where the student, tokenizer, projections and logs are written.
+
+    Returns:
+        The stage record: run id, layer map, steps, samples seen, seconds, final per-term losses.
+
+    Raises:
+        ConfigError: an impossible student shape. DataError: a missing or empty corpus.
+        ModelError: a teacher that cannot be loaded. CheckpointError: the folder holds another run's output.
+    """
+    out = Path(output_dir)
+    run_id, corpus_id = general_run_id(config)
+    if (record := stage_done(out, run_id)) is not None:
+        logger.info("general distillation: done (%d steps), skipping", record["steps"])
+        return record
+    try:
+        student_shape(config.student)
+    except ValueError as error:
+        raise ConfigError(f"general.student: {error}") from None
+    start = time.perf_counter()
+    tokenizer = load_tokenizer(config.teacher)
+    teacher = load_encoder(config.teacher)
+    corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
+                                cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
+    layer_map = build_layer_map(config.layer_map, teacher.config.num_hidden_layers,
+                                student_shape(config.student)["num_hidden_layers"])
+    set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
+    student = build_student(teacher, config.student, layer_map, encoder_only=True)
+    terms = {t: config.weights.get(t, 1.0) for t in INTERMEDIATE_TERMS}
+    objective = DistillationObjective(teacher, student, terms, layer_map, config.share_projection)
+    state = train(objective, corpus, collator(tokenizer), config.train, out, run_id, "general distillation")
+    student.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    save_projections(objective, out)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    final = {k: v for k, v in log[-1].items() if k.startswith("loss")} if log else {}
+    return mark_stage_done(out, run_id, {
+        "teacher": config.teacher, "corpus": config.corpus, "layer_map": [0, *layer_map], "steps": state.step,
+        "samples": state.samples, "seconds": round(time.perf_counter() - start, 1), "final": final,
+    })
+
+
+def save_projections(objective: DistillationObjective, folder: Path) -> None:
+    """Write the objective's learnt projections W (h_S -> h_T) next to the student, if it has any."""
+    projections = {k: v.contiguous() for k, v in objective.trainable["projections"].state_dict().items()}
+    if projections:
+        save_file(projections, folder / PROJECTIONS_FILE)

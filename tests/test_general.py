@@ -1,0 +1,151 @@
+"""General distillation: corpus packing, the packed-corpus cache, the `distill --stage general` command, and the
+hand-over of its student and projections to task distillation."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForSequenceClassification, BertModel
+
+from distill.checkpoint import CheckpointError
+from distill.corpus import load_packed_corpus, pack_lines
+from distill.data import DataError
+from distill.objective import DistillationObjective
+from distill.pipeline import load_projections
+from tests.conftest import tiny_bert, tiny_bert_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _decode(tokenizer, ids):
+    return tokenizer.decode(ids)
+
+
+def test_packing_fills_sequences_within_a_document_and_never_crosses_one(tiny_tokenizer):
+    lines = ["the movie was good", "the plot was fun", "it was fine", "", "a great film",
+             "very very very very very very very good"]
+    packed = pack_lines(lines, tiny_tokenizer, max_seq_length=10)["input_ids"]
+    texts = [_decode(tiny_tokenizer, ids) for ids in packed]
+    assert texts == [
+        "[CLS] the movie was good the plot was fun [SEP]",  # 8 pieces fit in 10 - 2
+        "[CLS] it was fine [SEP]",  # the document ends: not joined with "a great film"
+        "[CLS] a great film [SEP]",  # 3 + 8 pieces do not fit: the long sentence starts a new sequence
+        "[CLS] very very very very very very very good [SEP]",
+    ]
+    cut = pack_lines(["very very very very very very very good"], tiny_tokenizer, max_seq_length=6)["input_ids"]
+    assert [_decode(tiny_tokenizer, ids) for ids in cut] == [
+        "[CLS] very very very very [SEP]", "[CLS] very very very good [SEP]"]  # too long for one sequence: cut
+    assert all(len(ids) <= 6 for ids in cut)
+
+
+def test_packing_uses_the_tokenizers_own_frame(tiny_roberta_tokenizer):
+    (ids,) = pack_lines(["the movie was good", "the cast was great"], tiny_roberta_tokenizer, 32)["input_ids"]
+    assert ids[0] == tiny_roberta_tokenizer.bos_token_id and ids[-1] == tiny_roberta_tokenizer.eos_token_id
+    assert tiny_roberta_tokenizer.decode(ids[1:-1]).replace(" ", "") == "themoviewasgoodthecastwasgreat"
+
+
+def _write_corpus(folder: Path) -> list[str]:
+    first = folder / "a.txt.gz"
+    with gzip.open(first, "wt", encoding="utf-8") as f:
+        f.write("the movie was good\nthe plot was fun\n\nit was a great film\n")
+    second = folder / "b.txt"
+    second.write_text("the cast was boring\nnot a fun story\n", encoding="utf-8")
+    return [str(first), str(second)]
+
+
+def test_streamed_corpus_equals_the_saved_one_and_the_cache_knows_its_source(tmp_path, tiny_tokenizer):
+    files = _write_corpus(tmp_path)
+    saved = load_packed_corpus(files, tiny_tokenizer, 12, cache_dir=tmp_path / "corpus", cache_id="one")
+    texts = [_decode(tiny_tokenizer, ids) for ids in saved["input_ids"]]
+    # Each file ends a document: "it was a great film" is not joined with the next file's first line.
+    assert texts == ["[CLS] the movie was good the plot was fun [SEP]", "[CLS] it was a great film [SEP]",
+                     "[CLS] the cast was boring not a fun story [SEP]"]
+    streamed = load_packed_corpus(files, tiny_tokenizer, 12, streaming=True)
+    assert [row["input_ids"] for row in streamed] == saved["input_ids"]
+    again = load_packed_corpus(files, tiny_tokenizer, 12, cache_dir=tmp_path / "corpus", cache_id="one")
+    assert again["input_ids"] == saved["input_ids"]
+    with pytest.raises(CheckpointError, match="another run"):
+        load_packed_corpus(files, tiny_tokenizer, 16, cache_dir=tmp_path / "corpus", cache_id="two")
+    with pytest.raises(DataError, match="not found"):
+        load_packed_corpus([str(tmp_path / "missing.txt")], tiny_tokenizer, 12)
+
+
+@pytest.fixture(scope="module")
+def general_run(tmp_path_factory):
+    """`distill --stage general` through the real CLI: a tiny pre-trained encoder saved to disk teaches a smaller
+    student on a text file for a few steps."""
+    from tests.conftest import SPECIAL, WORDS
+    from transformers import BertTokenizer
+
+    root = tmp_path_factory.mktemp("general")
+    torch.manual_seed(0)
+    BertModel(tiny_bert_config()).save_pretrained(root / "teacher")
+    BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}).save_pretrained(root / "teacher")
+    corpus = root / "corpus.txt"
+    sentences = ["the movie was good", "the plot was fun .", "a great film , not boring !", "the cast was fine",
+                 "it is a very bad story", ""]
+    corpus.write_text("\n".join(sentences * 20), encoding="utf-8")
+    student = ["--set", "general.student.preset=null", "--set", "general.student.num_hidden_layers=2",
+               "--set", "general.student.hidden_size=16", "--set", "general.student.intermediate_size=32",
+               "--set", "general.student.num_attention_heads=4", "--set", "general.max_seq_length=16",
+               "--set", "general.train={max_steps: 12, batch_size: 8, learning_rate: 0.002, save_steps: 6, "
+               "log_steps: 1, warmup_ratio: 0.0}"]
+    command = [sys.executable, str(ROOT / "run_distill.py"), "distill", "--stage", "general", "--teacher",
+               str(root / "teacher"), "--corpus", str(corpus), "--output-dir", str(root / "run"), *student]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root, result, command
+
+
+def test_general_distillation_learns_and_saves_a_student_encoder(general_run):
+    root, result, _ = general_run
+    out = root / "run" / "general"
+    record = json.loads((out / "stage.json").read_text())
+    assert record["steps"] == 12 and record["layer_map"] == [0, 1, 2]
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in log] == list(range(1, 13))
+    assert "loss/prediction" not in log[0]  # no prediction term in general distillation
+    first, last = log[0], log[-1]
+    for term in ("loss/hidden", "loss/attention"):
+        assert last[term] < 0.8 * first[term], term  # the student learns to imitate the teacher
+    student = AutoModel.from_pretrained(out)
+    assert isinstance(student, BertModel) and student.config.hidden_size == 16
+    projections = load_file(out / "projections.safetensors")
+    assert projections["embedding.weight"].shape == projections["hidden.weight"].shape == (32, 16)
+    assert (out / "corpus" / "stage.json").exists() and not (out / "checkpoints").exists()
+    assert f"pipeline --student {out}" in result.stdout
+
+
+def test_general_student_and_projections_start_task_distillation(general_run):
+    root, _, _ = general_run
+    out = root / "run" / "general"
+    student = AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
+    encoder = AutoModel.from_pretrained(out)
+    for name, value in encoder.state_dict().items():
+        if not name.startswith("pooler"):
+            assert torch.equal(student.bert.state_dict()[name], value), name
+    objective = DistillationObjective(tiny_bert(), student, {"embedding": 1, "hidden": 1}, [1, 2])
+    assert load_projections(objective, out)
+    saved = load_file(out / "projections.safetensors")
+    assert torch.equal(objective.projection("hidden").weight, saved["hidden.weight"])
+    # Projections of another shape are not forced in: the objective keeps new ones.
+    other = DistillationObjective(tiny_bert(), tiny_bert(hidden_size=8, intermediate_size=16), {"hidden": 1}, [1, 2])
+    assert not load_projections(other, out)
+
+
+def test_rerun_of_a_finished_general_distillation_is_skipped_and_another_config_refused(general_run):
+    root, _, command = general_run
+    weights = root / "run" / "general" / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=root)
+    assert again.returncode == 0 and "done (12 steps), skipping" in again.stderr
+    # Another layer map is another run: refused with the folder named, nothing overwritten.
+    result = subprocess.run([*command, "--set", "general.layer_map=last"], capture_output=True, text=True,
+                            timeout=300, cwd=root)
+    assert result.returncode == 2 and "another run" in result.stderr
+    assert (root / "run" / "general" / "model.safetensors").stat().st_mtime_ns == before
