@@ -128,8 +128,23 @@ def _setup_logging(output_dir: Path | None) -> None:
     transformers.logging.set_verbosity_error()  # expected "newly initialised head" load reports are noise here
 
 
+def _join_process_group() -> None:
+    """Under `accelerate launch` / torchrun (LOCAL_RANK set) on a machine without CUDA, join a CPU process group
+    (gloo): accelerate would otherwise run every process alone. Elsewhere accelerate picks the device itself."""
+    import os
+
+    import torch
+    from accelerate import PartialState
+
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+    if use_cpu or (launched and not torch.cuda.is_available()):
+        PartialState(cpu=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    _join_process_group()
     from distill.config import load_config
 
     config_file = args.config or (str(DEFAULT_CONFIG) if args.command in ("pipeline", "distill") else None)
@@ -188,6 +203,10 @@ def run_distill_command(config, args) -> int:
 
     folder = Path(config.output_dir) / "general"
     record = run_general_distillation(config.general, folder)
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return 0
     print(f"general distillation: {record['steps']} steps, {record['samples']} sequences in {record['seconds']:.0f} s; "
           f"final losses {record['final']}")
     print(f"student encoder saved to {folder}; distil it on a task with "

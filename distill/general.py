@@ -18,6 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
+from accelerate import PartialState
 from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
 
@@ -82,8 +83,10 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> d
     start = time.perf_counter()
     tokenizer = load_tokenizer(config.teacher)
     teacher = load_encoder(config.teacher)
-    corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
-                                cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
+    processes = PartialState()  # under `accelerate launch`: one process packs and saves, the others wait and read
+    with processes.main_process_first():
+        corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
+                                    cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
     layer_map = build_layer_map(config.layer_map, teacher.config.num_hidden_layers,
                                 student_shape(config.student)["num_hidden_layers"])
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
@@ -91,16 +94,22 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> d
     terms = {t: config.weights.get(t, 1.0) for t in INTERMEDIATE_TERMS}
     objective = DistillationObjective(teacher, student, terms, layer_map, config.share_projection)
     state = train(objective, corpus, collator(tokenizer), config.train, out, run_id, "general distillation")
-    student.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    save_projections(objective, out)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    if processes.is_main_process:
+        student.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        save_projections(objective, out)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    processes.wait_for_everyone()
     log = [json.loads(line) for line in (out / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
     final = {k: v for k, v in log[-1].items() if k.startswith("loss")} if log else {}
-    return mark_stage_done(out, run_id, {
+    record = {
         "teacher": config.teacher, "corpus": config.corpus, "layer_map": [0, *layer_map], "steps": state.step,
         "samples": state.samples, "seconds": round(time.perf_counter() - start, 1), "final": final,
-    })
+    }
+    if processes.is_main_process:
+        mark_stage_done(out, run_id, record)
+    processes.wait_for_everyone()
+    return {"run_id": run_id, **record}
 
 
 def save_projections(objective: DistillationObjective, folder: Path) -> None:

@@ -141,6 +141,8 @@ def train(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    if accelerator is None:
+        _allow_new_mixed_precision(config.mixed_precision)
     # Unused parameters are normal here (the student's classifier in the intermediate step), so DDP must look for them.
     accelerator = accelerator or Accelerator(
         mixed_precision=config.mixed_precision,
@@ -222,8 +224,19 @@ def train(
             state.batch_in_epoch = 0
     progress.close()
     log_file.close()
-    accelerator.end_training()
+    for tracker in accelerator.trackers:  # not end_training(): that also ends the process group later stages use
+        tracker.finish()
     return state
+
+
+def _allow_new_mixed_precision(mixed_precision: str) -> None:
+    """accelerate keeps one mixed-precision setting per process and refuses another; stages of one pipeline may
+    differ (an fp32 teacher fine-tune, then a bf16 distillation), so the setting is reset between them. The process
+    group (PartialState) is kept."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 class _Batches:

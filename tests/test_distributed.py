@@ -51,3 +51,53 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_global_batch(tmp_path
         torch.testing.assert_close(rank0[name], single[name], rtol=1e-4, atol=1e-5, msg=name)
     moved = [n for n in single if n.startswith("student.") and not torch.equal(initial[n], single[n])]
     assert len(moved) > 10 and not torch.equal(initial["projections.hidden.weight"], single["projections.hidden.weight"])
+
+
+def _general(out: Path, teacher: Path, corpus: Path, batch_size: int, world_size: int) -> None:
+    """`run_distill.py distill --stage general` in ``world_size`` processes, launched as torchrun does (no
+    ACCELERATE_USE_CPU: the command itself must join a CPU process group on a machine without CUDA)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    if world_size > 1:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size))
+    sets = ["general.student.preset=null", "general.student.num_hidden_layers=2", "general.student.hidden_size=16",
+            "general.student.intermediate_size=32", "general.student.num_attention_heads=4", "general.max_seq_length=16",
+            f"general.train={{max_steps: 4, batch_size: {batch_size}, save_steps: 2, log_steps: 1, "
+            "learning_rate: 0.001, warmup_ratio: 0.0}"]
+    command = [sys.executable, str(ROOT / "run_distill.py"), "distill", "--stage", "general", "--teacher", str(teacher),
+               "--corpus", str(corpus), "--output-dir", str(out)] + [a for s in sets for a in ("--set", s)]
+    processes = [
+        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r)} if world_size > 1 else {})})
+        for r in range(world_size)
+    ]
+    for process in processes:
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output[-3000:]
+
+
+def test_general_distillation_command_runs_on_two_processes(tmp_path):
+    import json
+
+    from transformers import BertModel, BertTokenizer
+
+    from tests.conftest import SPECIAL, WORDS, tiny_bert_config
+
+    torch.manual_seed(0)
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertModel(tiny_bert_config(**no_dropout)).save_pretrained(tmp_path / "teacher")
+    BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}).save_pretrained(tmp_path / "teacher")
+    corpus = tmp_path / "corpus.txt"
+    # Every sentence packs alone into one 7-token sequence: equal lengths, so per-rank means average exactly.
+    corpus.write_text("\n\n".join(["the movie was very good", "the plot was not fun", "a great film , bad"] * 12))
+    _general(tmp_path / "ddp", tmp_path / "teacher", corpus, batch_size=4, world_size=2)
+    _general(tmp_path / "single", tmp_path / "teacher", corpus, batch_size=8, world_size=1)
+    ddp, single = tmp_path / "ddp" / "general", tmp_path / "single" / "general"
+    record = json.loads((ddp / "stage.json").read_text())
+    assert record["steps"] == 4 and record["samples"] == 32  # 4 steps x 4 sequences x 2 processes
+    assert len((ddp / "log.jsonl").read_text().splitlines()) == 4  # one process writes the log
+    a, b = load_file(ddp / "model.safetensors"), load_file(single / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(load_file(ddp / "projections.safetensors")["hidden.weight"],
+                               load_file(single / "projections.safetensors")["hidden.weight"], rtol=1e-4, atol=1e-5)

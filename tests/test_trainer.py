@@ -129,3 +129,34 @@ def test_non_finite_loss_names_step_and_term(tmp_path, tiny_tokenizer):
         objective.trainable["student"].bert.embeddings.word_embeddings.weight.fill_(float("nan"))
     with pytest.raises(NonFiniteLossError, match=r"loss term 'embedding' is nan at optimizer step 1 \(epoch 0, batch 0\)"):
         train(objective, _data(), _Pad(tiny_tokenizer), TrainConfig(max_steps=2, batch_size=4), tmp_path, "run")
+
+
+def test_logs_go_to_jsonl_and_tensorboard(tmp_path, tiny_tokenizer):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = TrainConfig(max_steps=4, batch_size=4, learning_rate=1e-3, log_steps=2, save_steps=4)
+    train(_distill_objective(), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
+    lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [2, 4]
+    events = EventAccumulator(str(next((tmp_path / "tensorboard").rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    for tag in ("loss/hidden", "loss/attention", "learning_rate", "samples_per_s"):
+        scalars = events.Scalars(tag)
+        assert [s.step for s in scalars] == [2, 4], tag
+        assert [s.value for s in scalars] == pytest.approx([line[tag] for line in lines], rel=1e-6), tag
+
+
+def test_bf16_mixed_precision_runs_the_step_in_bf16(tmp_path, tiny_tokenizer):
+    """mixed_precision "bf16" goes through accelerate's autocast (on CPU here, as on a GPU that has bf16): the run
+    finishes with finite losses and differs from the fp32 run by rounding only."""
+    common = dict(max_steps=3, batch_size=4, learning_rate=1e-3, log_steps=1, warmup_ratio=0.0)
+    full, half = _distill_objective(), _distill_objective()
+    train(full, _data(), _Pad(tiny_tokenizer), TrainConfig(**common), tmp_path / "fp32", "run")
+    train(half, _data(), _Pad(tiny_tokenizer), TrainConfig(mixed_precision="bf16", **common), tmp_path / "bf16", "run")
+    logs = [[json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+            for run in ("fp32", "bf16")]
+    for fp32, bf16 in zip(*logs):
+        assert bf16["loss"] == pytest.approx(fp32["loss"], rel=0.05)  # same computation, bf16 rounding
+        assert bf16["loss"] != fp32["loss"]  # and autocast really was on
+    for a, b in zip(full.trainable.parameters(), half.trainable.parameters()):
+        assert a.dtype == b.dtype == torch.float32  # master weights stay fp32
