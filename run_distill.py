@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "sst2_minilm.yaml"
+SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +96,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     distill.add_argument("--streaming", action="store_true", default=None,
                          help="general: pack the corpus on the fly instead of once (large corpora)")
 
+    sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
+                                "benchmark them together (config: sweep list)")
+    _common(sweep)
+
+    bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
+                                "with int8 and ONNX Runtime variants")
+    _common(bench)
+    bench.add_argument("--teacher", required=True, help="teacher checkpoint folder, or a pipeline output folder")
+    bench.add_argument("--student", action="append", required=True, help="student checkpoint folder or pipeline "
+                       "output folder (repeat for several)")
+    bench.add_argument("--no-compress", action="store_true", help="skip the int8 / ONNX rows")
+
     mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
     mlm.add_argument("--config", help="YAML config whose mlm section is used")
     mlm.add_argument("--model", help="encoder (hub name, folder, or 'minilm'); overrides mlm.base_model")
@@ -147,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     _join_process_group()
     from distill.config import load_config
 
-    config_file = args.config or (str(DEFAULT_CONFIG) if args.command in ("pipeline", "distill") else None)
+    defaults = {"pipeline": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG, "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG}
+    config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
-    if args.command in ("pipeline", "augment", "distill"):
+    if args.command == "benchmark" and args.no_compress:
+        overrides["benchmark.compress"] = []
+    if args.command in ("pipeline", "augment", "distill", "benchmark", "sweep"):
         overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
     if args.command == "pipeline" or (args.command == "distill" and args.stage == "task"):
         overrides.update({"teacher.model": args.teacher, "student.model": args.student})
@@ -214,6 +230,42 @@ def run_distill_command(config, args) -> int:
     return 0
 
 
+def run_sweep_command(config, args) -> int:
+    from distill.pipeline import run_sweep
+
+    start = time.perf_counter()
+    report = run_sweep(config)
+    out = Path(config.output_dir) / "benchmark"
+    print((out / "benchmark.md").read_text(encoding="utf-8"))
+    print(f"sweep done in {time.perf_counter() - start:.0f} s; {len(report['rows'])} rows in {out}")
+    return 0
+
+
+def run_benchmark_command(config, args) -> int:
+    from distill.benchmark import resolve_model_folder, run_benchmark
+    from distill.data import get_task, load_task_data
+
+    try:
+        teacher, _ = resolve_model_folder(Path(args.teacher), "teacher")
+        students = {}
+        for given in args.student:
+            folder, init = resolve_model_folder(Path(given), "student")
+            name = Path(given).name if folder != Path(given) else folder.name
+            name = name if name not in students and name != "teacher" else f"{name}_{len(students) + 1}"
+            students[name] = (folder, init)
+    except FileNotFoundError as error:
+        from distill.data import DataError
+
+        raise DataError(str(error)) from None
+    spec = get_task(config.task.name)
+    dev = load_task_data(config.task)["dev"]
+    out = Path(args.output_dir) if args.output_dir else Path(config.output_dir) / "benchmark"
+    report = run_benchmark(teacher, students, spec, dev, config.benchmark, out, config.task.max_seq_length)
+    print((out / "benchmark.md").read_text(encoding="utf-8"))
+    print(f"{len(report['rows'])} rows; table, CSV, JSON and plot in {out}")
+    return 0
+
+
 def run_adapt_mlm_command(config, args) -> int:
     from distill.config import fingerprint
     from distill.checkpoint import stage_done
@@ -238,7 +290,9 @@ def run_augment_command(config, args) -> int:
     return 0
 
 
-COMMANDS = {"pipeline": run_pipeline_command, "distill": run_distill_command, "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
+COMMANDS = {"pipeline": run_pipeline_command, "distill": run_distill_command, "benchmark": run_benchmark_command,
+            "sweep": run_sweep_command,
+            "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,10 +49,12 @@ def save_checkpoint(
     rng: dict,
     extra: dict | None = None,
     keep: int = 1,
+    config: dict | None = None,
 ) -> Path:
     """Write ``directory/step-{state.step:06d}`` atomically and keep the newest ``keep`` checkpoints.
 
-    ``extra`` holds other picklable training state (e.g. a streamed dataset's position)."""
+    ``extra`` holds other picklable training state (e.g. a streamed dataset's position); ``config`` (the training
+    settings) is written into ``state.json`` for people and tools reading the checkpoint."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-"))
@@ -61,7 +63,8 @@ def save_checkpoint(
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, "extra": extra or {}},
                tmp / "train.pt")
     (tmp / "state.json").write_text(
-        json.dumps({"run_id": run_id, "state": dataclasses.asdict(state)}, indent=2), encoding="utf-8"
+        json.dumps({"run_id": run_id, "state": dataclasses.asdict(state), "config": config}, indent=2, default=str),
+        encoding="utf-8",
     )
     if final.exists():
         shutil.rmtree(final)

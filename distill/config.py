@@ -177,21 +177,18 @@ class DistillConfig:
     prediction: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=3e-5))
 
     def __post_init__(self) -> None:
-        if isinstance(self.layer_map, str):
-            _check(
-                self.layer_map in ("uniform", "last", "first"),
-                "layer_map",
-                f"must be uniform, last, first or a list of teacher layers, got {self.layer_map!r}",
-            )
+        _check_layer_map_and_weights(self.layer_map, self.weights, ("embedding", "hidden", "attention", "prediction"))
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         _check(self.hard_label_weight >= 0, "hard_label_weight", "must be >= 0")
-        for term, weight in self.weights.items():
-            _check(
-                term in ("embedding", "hidden", "attention", "prediction"),
-                f"weights.{term}",
-                "unknown loss term; use embedding, hidden, attention or prediction",
-            )
-            _check(weight >= 0, f"weights.{term}", f"must be >= 0, got {weight}")
+
+
+def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, float], terms: tuple[str, ...]) -> None:
+    if isinstance(layer_map, str):
+        _check(layer_map in ("uniform", "last", "first"), "layer_map",
+               f"must be uniform, last, first or a list of teacher layers, got {layer_map!r}")
+    for term, weight in weights.items():
+        _check(term in terms, f"weights.{term}", f"unknown loss term; use {', '.join(terms)}")
+        _check(weight >= 0, f"weights.{term}", f"must be >= 0, got {weight}")
 
 
 @dataclass
@@ -220,13 +217,7 @@ class GeneralConfig:
             "train.max_steps",
             "must be set when streaming (a streamed corpus has no known length)",
         )
-        if isinstance(self.layer_map, str):
-            _check(self.layer_map in ("uniform", "last", "first"), "layer_map",
-                   f"must be uniform, last, first or a list of teacher layers, got {self.layer_map!r}")
-        for term, weight in self.weights.items():
-            _check(term in ("embedding", "hidden", "attention"), f"weights.{term}",
-                   "unknown loss term; general distillation uses embedding, hidden and attention")
-            _check(weight >= 0, f"weights.{term}", f"must be >= 0, got {weight}")
+        _check_layer_map_and_weights(self.layer_map, self.weights, ("embedding", "hidden", "attention"))
 
 
 @dataclass
@@ -246,6 +237,42 @@ class ReportConfig:
 
 
 @dataclass
+class BenchmarkConfig:
+    """`benchmark`: size, speed and accuracy of teacher and students side by side, with compressed variants."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 32])  # latency is measured at each
+    seq_lengths: list[int] = field(default_factory=lambda: [64, 128])  # ... and each sequence length
+    num_warmup: int = 3  # untimed runs per model and setting
+    min_repeats: int = 10  # timed runs per model and setting, interleaved across models
+    max_repeats: int = 40  # more runs while the spread is above max_spread
+    max_spread: float = 0.10  # (p90 - median) / median at which repeating stops
+    num_threads: int | None = None  # torch / ONNX Runtime threads (None: all cores)
+    compress: list[str] = field(default_factory=lambda: ["int8", "onnx", "onnx-int8"])  # extra rows per model
+    students: list[str] = field(default_factory=list)  # more students for a sweep's benchmark (folders or runs)
+    memory: bool = True  # measure peak inference memory at the largest batch (a fresh process per model)
+
+    def __post_init__(self) -> None:
+        _check(all(b > 0 for b in self.batch_sizes), "batch_sizes", "must all be > 0")
+        _check(all(t > 1 for t in self.seq_lengths), "seq_lengths", "must all be > 1")
+        _check(0 < self.min_repeats <= self.max_repeats, "min_repeats", "must be > 0 and <= max_repeats")
+        _check(self.max_spread > 0, "max_spread", f"must be > 0, got {self.max_spread}")
+        unknown = [c for c in self.compress if c not in ("int8", "onnx", "onnx-int8")]
+        _check(not unknown, "compress", f"unknown variant(s) {unknown}; use int8, onnx, onnx-int8")
+
+
+@dataclass
+class SweepEntry:
+    """One student of a sweep: its name (folder under students/), shape and initialisation, optional layer map."""
+
+    name: str
+    student: StudentConfig = field(default_factory=StudentConfig)
+    layer_map: str | list[int] | None = None  # None: distill.layer_map
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name) and "/" not in self.name, "name", f"must be a folder name, got {self.name!r}")
+
+
+@dataclass
 class PipelineConfig:
     """The whole job: teacher, masked LM, augmentation, task distillation, report (and general distillation, run
     on its own by ``run_distill.py distill --stage general``)."""
@@ -259,6 +286,8 @@ class PipelineConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     general: GeneralConfig = field(default_factory=GeneralConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    sweep: list[SweepEntry] = field(default_factory=list)  # students of `run_distill.py sweep`
 
 
 

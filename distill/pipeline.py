@@ -11,6 +11,7 @@ Layout: ``teacher/`` (HF checkpoint), ``mlm/`` (HF masked LM), ``augmented/`` (d
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -29,7 +30,7 @@ from augment import (
     load_stopwords,
 )
 from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
-from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict
+from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, fingerprint, to_dict
 from distill.data import TaskSpec, collator, get_task, load_task_data, tokenize
 from distill.evaluate import evaluate, predict
 from distill.general import PROJECTIONS_FILE, save_projections
@@ -162,15 +163,19 @@ def _distill_step(
 
 
 def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
-                  train_data: datasets.Dataset, data_run_id: str, out: Path) -> dict:
-    """Task distillation (TinyBERT §3.4): intermediate step (embedding, hidden, attention), then prediction step."""
+                  train_data: datasets.Dataset, data_run_id: str, out: Path, student_dir: Path | None = None) -> dict:
+    """Task distillation (TinyBERT §3.4): intermediate step (embedding, hidden, attention), then prediction step.
+
+    The steps write ``student_intermediate/`` and ``student/`` in ``student_dir`` (default ``out``); the teacher
+    and the cached teacher logits are read from ``out``, so several students can share them (a sweep)."""
+    student_dir = student_dir or out
     teacher_dir = out / "teacher"
     tokenizer = load_tokenizer(str(teacher_dir))
     weights = config.distill.weights
     columns = [*spec.text_columns, "label"]
     train_set = tokenize(train_data.select_columns(columns), tokenizer, spec, config.task.max_seq_length)
 
-    step1 = out / "student_intermediate"
+    step1 = student_dir / "student_intermediate"
     step1_config = {k: v for k, v in to_dict(config.distill).items() if k != "prediction"}
     run1 = fingerprint(teacher_record["run_id"], data_run_id, config.student, step1_config)
     if stage_done(step1, run1) is None:
@@ -185,7 +190,7 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         save_projections(objective, step1)
         mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map]})
 
-    final = out / "student"
+    final = student_dir / "student"
     run2 = fingerprint(run1, config.distill.prediction, config.distill.temperature, config.distill.temperature_squared,
                        config.distill.hard_label_weight, weights.get("prediction", 1.0))
     if (record := stage_done(final, run2)) is not None:
@@ -249,6 +254,57 @@ def preflight(config: PipelineConfig) -> None:
             student_shape(config.student)
         except ValueError as error:
             raise ConfigError(f"student: {error}") from None
+
+
+def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
+    """How a student starts, in words for reports."""
+    if student.model is not None:
+        return f"from {student.model}"
+    if student.init == "teacher":
+        return f"teacher layers ({layer_map})"
+    return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random"}[student.init]
+
+
+def run_sweep(config: PipelineConfig) -> dict:
+    """Several students distilled from one teacher and one augmented set, then benchmarked together.
+
+    The teacher, masked LM, augmentation and teacher logits are made once in ``output_dir`` (as the pipeline does);
+    each entry of ``config.sweep`` gets ``students/<name>/`` with its two steps; the benchmark over the teacher, every
+    student and ``benchmark.students`` goes to ``benchmark/``. Every stage resumes and is skipped when done.
+
+    Returns:
+        The benchmark report.
+    """
+    from distill.benchmark import resolve_model_folder, run_benchmark
+
+    if not config.sweep:
+        raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
+    entries = {}
+    for entry in config.sweep:
+        distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
+        entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
+        preflight(entries[entry.name])
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "config.json", to_dict(config))
+    spec = get_task(config.task.name)
+    data = load_task_data(config.task)
+    teacher_record = teacher_stage(config, spec, data, out)
+    train_data, data_run_id = augment_stage(config, spec, data, out)
+    students = {}
+    for name, student_config in entries.items():
+        _banner(f"sweep student {name}", out / "students" / name)
+        record = distill_stage(student_config, spec, data, teacher_record, train_data, data_run_id, out,
+                               student_dir=out / "students" / name)
+        logger.info("sweep student %s: dev %s", name, record["dev"])
+        students[name] = (out / "students" / name / "student",
+                          describe_init(student_config.student, student_config.distill.layer_map))
+    for extra in config.benchmark.students:
+        folder, init = resolve_model_folder(Path(extra), "student")
+        students[Path(extra).name] = (folder, init)
+    _banner("benchmark", out / "benchmark")
+    return run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
+                         config.task.max_seq_length)
 
 
 def run_pipeline(config: PipelineConfig) -> dict:

@@ -13,6 +13,7 @@ position is the dataset's own ``state_dict``). Logs go to the progress bar, ``lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -215,7 +216,7 @@ def train(
                 extra = {"data_state": data.position(accelerator)}
                 if accelerator.is_main_process:
                     save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state,
-                                    _rng_state(), extra)
+                                    _rng_state(), extra, config=dataclasses.asdict(config))
                 accelerator.wait_for_everyone()
             if state.step >= steps:
                 break

@@ -7,7 +7,7 @@ from distill.config import ConfigError, PipelineConfig, fingerprint, load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["sst2_minilm.yaml", "smoke.yaml"])
+@pytest.mark.parametrize("name", ["sst2_minilm.yaml", "smoke.yaml", "sweep_sst2.yaml", "general_minilm.yaml"])
 def test_shipped_configs_load(name):
     config = load_config(ROOT / "configs" / name)
     assert config.task.name == "sst2"

@@ -108,3 +108,38 @@ def test_same_config_and_seed_give_the_same_student(smoke_run, tmp_path):
     for stage in ("teacher", "mlm", "student"):  # new heads and the student are drawn from a seeded RNG
         first = (out / stage / "model.safetensors").read_bytes()
         assert first == (tmp_path / stage / "model.safetensors").read_bytes(), stage
+
+
+def test_sweep_distils_every_student_from_shared_stages_and_benchmarks_them(smoke_run, tmp_path):
+    """`sweep` on the smoke run's teacher and augmented set: two students, then the benchmark over them and the
+    smoke run's own student (benchmark.students)."""
+    import shutil
+
+    out, _ = smoke_run
+    for stage in ("teacher", "mlm", "augmented", "teacher_logits"):
+        shutil.copytree(out / stage, tmp_path / stage)
+    sweep = (ROOT / "configs" / "smoke.yaml").read_text() + f"""
+benchmark: {{batch_sizes: [1, 4], seq_lengths: [16], num_warmup: 1, min_repeats: 2, max_repeats: 3, compress: [],
+            memory: false, students: ["{out}"]}}
+sweep:
+  - name: tiny-random
+    student: {{preset: 2l-128, init: random}}
+  - name: tiny-teacher-init
+    student: {{preset: null, num_hidden_layers: 2, hidden_size: 384, intermediate_size: 1536, num_attention_heads: 12,
+              init: teacher}}
+    layer_map: [3, 6]
+"""
+    (tmp_path / "sweep.yaml").write_text(sweep)
+    result = _run("sweep", "--config", str(tmp_path / "sweep.yaml"), "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "=== stage: teacher" not in result.stderr  # the shared stages were reused, not redone
+    report = json.loads((tmp_path / "benchmark" / "benchmark.json").read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    assert list(rows) == ["teacher", "tiny-random", "tiny-teacher-init", out.name]
+    assert rows["tiny-random"]["init"] == "random"
+    assert rows["tiny-teacher-init"]["init"] == "teacher layers ([3, 6])"
+    assert rows["tiny-random"]["num_parameters"] < rows["tiny-teacher-init"]["num_parameters"]
+    for name in ("tiny-random", "tiny-teacher-init"):
+        record = json.loads((tmp_path / "students" / name / "student" / "stage.json").read_text())
+        assert rows[name]["accuracy"] == pytest.approx(record["dev"]["accuracy"])  # benchmark re-measured it
+    assert (tmp_path / "benchmark" / "benchmark.png").exists() and "Traceback" not in result.stderr

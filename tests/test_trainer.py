@@ -52,6 +52,8 @@ def test_resume_after_interruption_gives_the_same_weights(tmp_path, tiny_tokeniz
     with pytest.raises(KeyboardInterrupt):
         train(interrupted, _data(), _Pad(tiny_tokenizer, fail_after=4), config, tmp_path / "b", "run")
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-000003"]
+    saved = json.loads((tmp_path / "b" / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert saved["run_id"] == "run" and saved["state"]["step"] == 3 and saved["config"]["save_steps"] == 3
     resumed = _distill_objective()  # a fresh process would rebuild everything from scratch
     state = train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
     assert state.step == 8 and state.epoch == 1  # 24 examples / 5 = 5 batches an epoch

@@ -1,0 +1,482 @@
+"""`benchmark`: size, speed and accuracy of a teacher and its students side by side, with compressed variants.
+
+Every model is a row; each compression variant of a model is one more row, with its own accuracy measured:
+
+- ``int8``: PyTorch dynamic quantization of the linear layers (``torch.ao.quantization.quantize_dynamic``, int8
+  weights, activations quantized per batch at run time);
+- ``onnx``: the model exported with ``torch.onnx.export`` (dynamo exporter, dynamic batch and length) and run with
+  ONNX Runtime (CPU execution provider);
+- ``onnx-int8``: that graph through ONNX Runtime's dynamic quantization (``onnxruntime.quantization.quantize_dynamic``,
+  int8 weights).
+
+Latency is the wall time of one forward pass (eval mode, no gradients) on random token ids of a fixed batch size and
+length. All rows are timed in one process, interleaved (each repeat runs every row once), after warm-up; runs repeat
+until the spread ``(p90 - median) / median`` of every row is at most ``max_spread`` or ``max_repeats`` is reached,
+and the spread is reported. Peak memory is the resident memory of a fresh process that loads the row's model and
+runs one inference at the largest batch and length, above that process's memory before loading (Linux).
+
+Outputs: ``benchmark.json`` (everything), ``benchmark.csv`` (one line per row), ``benchmark.md`` (table) and
+``benchmark.png`` (metric against latency, marker area by parameters, Pareto frontier, teacher marked).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import gc
+import json
+import logging
+import multiprocessing
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from distill.checkpoint import write_json_atomic
+from distill.config import BenchmarkConfig
+from distill.data import TaskSpec, tokenize
+from distill.evaluate import compute_metrics, predict
+from distill.report import count_parameters, size_mb
+
+logger = logging.getLogger(__name__)
+
+
+class OnnxClassifier:
+    """An ONNX Runtime session with the calling convention of a `transformers` classifier, so that evaluation and
+    timing treat it like any model: ``model(**inputs).logits`` is a (B, C) float tensor.
+
+    Args:
+        path: an ``.onnx`` file with inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids``) of shape
+            (B, T) int64, and output ``logits``.
+        num_threads: ONNX Runtime intra-op threads (None: its default, all cores).
+    """
+
+    def __init__(self, path: str | Path, num_threads: int | None = None):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        if num_threads:
+            options.intra_op_num_threads = num_threads
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, **inputs: torch.Tensor) -> SimpleNamespace:
+        feed = {}
+        for name in self.input_names:
+            value = inputs.get(name)
+            if value is None:  # e.g. token_type_ids that the batch leaves out: BERT's default is all zeros
+                value = torch.zeros_like(inputs["input_ids"])
+            feed[name] = value.cpu().numpy().astype(np.int64)
+        (logits,) = self.session.run(["logits"], feed)
+        return SimpleNamespace(logits=torch.from_numpy(logits))
+
+    def eval(self) -> "OnnxClassifier":
+        return self
+
+    def to(self, device) -> "OnnxClassifier":
+        return self
+
+
+def _input_names(model: torch.nn.Module) -> list[str]:
+    names = ["input_ids", "attention_mask"]
+    return names + ["token_type_ids"] if getattr(model.config, "type_vocab_size", 0) > 1 else names
+
+
+def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
+    """Export a classifier to ONNX with dynamic batch size and length; returns the largest absolute difference of
+    its logits from PyTorch's on a probe batch (a check that the graph is the model).
+
+    Raises:
+        RuntimeError: the exported graph's logits differ from the model's by more than 1e-3.
+    """
+    model = model.eval()
+    names = _input_names(model)
+    probe = {name: torch.ones(2, 16, dtype=torch.long) for name in names}
+    probe["input_ids"] = torch.randint(1000 if model.config.vocab_size > 2000 else 1, model.config.vocab_size, (2, 16),
+                                       generator=torch.Generator().manual_seed(0))
+    if "token_type_ids" in probe:
+        probe["token_type_ids"].zero_()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    length = torch.export.Dim("length", min=2, max=max_length)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names, output_names=["logits"],
+                      dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
+                      external_data=False, verbose=False)
+    with torch.no_grad():
+        expected = model(**probe).logits.numpy()
+    difference = float(np.abs(OnnxClassifier(path)(**probe).logits.numpy() - expected).max())
+    if difference > 1e-3:
+        raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
+    return difference
+
+
+def quantize_onnx(source: Path, target: Path) -> None:
+    """ONNX Runtime dynamic quantization: int8 weights (``QuantType.QInt8``)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # its pre-processing advice
+    try:
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    finally:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def quantize_torch(model: torch.nn.Module) -> torch.nn.Module:
+    """PyTorch dynamic int8 quantization of every ``nn.Linear`` (a copy; the model is unchanged)."""
+    from torch.ao.quantization import quantize_dynamic
+
+    return quantize_dynamic(copy.deepcopy(model).eval(), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+@dataclass
+class Row:
+    """One line of the benchmark: a model or a compressed variant of one."""
+
+    name: str  # e.g. "student_4l312" or "student_4l312 (onnx-int8)"
+    model_name: str  # the model it comes from
+    variant: str  # "pytorch", "int8", "onnx" or "onnx-int8"
+    model: object  # callable(**inputs) -> object with .logits
+    artefact: Path  # what it loads from: a checkpoint folder, an .onnx or a .pt file
+    size_mb: float
+    parameters: dict[str, int]
+    init: str = ""
+    results: dict = field(default_factory=dict)
+
+
+def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work: Path, max_length: int) -> list[Row]:
+    """The row of a checkpoint and one row per compression variant in ``config.compress``."""
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    parameters = count_parameters(model)
+    rows = [Row(name, name, "pytorch", model, folder, size_mb(folder), parameters, init)]
+    if "int8" in config.compress:
+        quantized = quantize_torch(model)
+        path = work / f"{name}.int8.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(quantized.state_dict(), path)
+        rows.append(Row(f"{name} (int8)", name, "int8", quantized, path, path.stat().st_size / 1e6, parameters, init))
+    if {"onnx", "onnx-int8"} & set(config.compress):
+        path = work / f"{name}.onnx"
+        difference = export_onnx(model, path, max_length)
+        logger.info("%s: exported to %s (max |logit difference| %.1e)", name, path, difference)
+        if "onnx" in config.compress:
+            rows.append(Row(f"{name} (onnx)", name, "onnx", OnnxClassifier(path, config.num_threads), path,
+                            path.stat().st_size / 1e6, parameters, init))
+        if "onnx-int8" in config.compress:
+            quantized_path = work / f"{name}.int8.onnx"
+            quantize_onnx(path, quantized_path)
+            rows.append(Row(f"{name} (onnx-int8)", name, "onnx-int8", OnnxClassifier(quantized_path, config.num_threads),
+                            quantized_path, quantized_path.stat().st_size / 1e6, parameters, init))
+    return rows
+
+
+def _random_inputs(vocab_size: int, batch_size: int, length: int, names: list[str], seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000 if vocab_size > 2000 else 1, vocab_size, (batch_size, length), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if "token_type_ids" in names:
+        inputs["token_type_ids"] = torch.zeros_like(ids)
+    return inputs
+
+
+@torch.no_grad()
+def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: list[str]) -> dict[str, dict]:
+    """Latency of every row at every (batch size, length), interleaved, repeated until the spread is small.
+
+    Returns:
+        {row name: {"b{B}_t{T}": {"median_ms", "p90_ms", "spread", "repeats"}}}.
+    """
+    results: dict[str, dict] = {row.name: {} for row in rows}
+    for batch_size in config.batch_sizes:
+        for length in config.seq_lengths:
+            key = f"b{batch_size}_t{length}"
+            inputs = _random_inputs(vocab_size, batch_size, length, names, seed=batch_size * 1000 + length)
+            for _ in range(config.num_warmup):
+                for row in rows:
+                    row.model(**inputs)
+            times: dict[str, list[float]] = {row.name: [] for row in rows}
+            for repeat in range(config.max_repeats):
+                for row in rows:
+                    start = time.perf_counter()
+                    row.model(**inputs)
+                    times[row.name].append(1000 * (time.perf_counter() - start))
+                if repeat + 1 >= config.min_repeats and all(_spread(t) <= config.max_spread for t in times.values()):
+                    break
+            for name, values in times.items():
+                results[name][key] = {"median_ms": statistics.median(values), "p90_ms": _p90(values),
+                                      "spread": _spread(values), "repeats": len(values)}
+            logger.info("timed batch %d, length %d: %d repeats", batch_size, length, len(values))
+    return results
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def _spread(values: list[float]) -> float:
+    median = statistics.median(values)
+    return (_p90(values) - median) / median
+
+
+def _memory_worker(variant: str, artefact: str, source: str, inputs: dict, threads: int | None, queue) -> None:
+    """In a fresh process: load one row's model, run one inference, report resident memory above the start (MB)."""
+    import ctypes
+
+    import psutil
+
+    if threads:
+        torch.set_num_threads(threads)
+    process = psutil.Process()
+    gc.collect()
+    start = process.memory_info().rss
+    if variant == "pytorch":
+        model = AutoModelForSequenceClassification.from_pretrained(artefact).eval()
+    elif variant == "int8":
+        model = quantize_torch(AutoModelForSequenceClassification.from_pretrained(source).eval())
+        model.load_state_dict(torch.load(artefact, weights_only=False))
+    else:
+        model = OnnxClassifier(artefact, threads)
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed load-time buffers back, so they do not count
+    except OSError:
+        pass
+    loaded = process.memory_info().rss
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current resident size
+        f.write("5")
+    with torch.no_grad():
+        model(**inputs)
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    peak = int(status["VmHWM"].strip().split()[0]) * 1024
+    queue.put({"model_mb": (loaded - start) / 1e6, "peak_mb": (max(peak, loaded) - start) / 1e6})
+
+
+def peak_memory(row: Row, source: Path, inputs: dict, threads: int | None) -> dict | None:
+    """Resident memory of inference for one row, measured in a fresh process: {"model_mb", "peak_mb"}, or None
+    where it cannot be measured (not Linux)."""
+    if not Path("/proc/self/clear_refs").exists():
+        return None
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_memory_worker, args=(row.variant, str(row.artefact), str(source), inputs,
+                                                           threads, queue))
+    process.start()
+    try:
+        return queue.get(timeout=600)
+    finally:
+        process.join()
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (lower x = latency, higher y = metric), by x."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -float("inf")
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def resolve_model_folder(path: Path, stage: str) -> tuple[Path, str]:
+    """A checkpoint folder, or the output folder of a pipeline run (its ``stage`` subfolder is used): returns the
+    checkpoint folder and how the model was initialised (from the run's ``config.json``, else "")."""
+    run_config = path / "config.json"
+    if (path / stage / "config.json").is_file():
+        run_config = path / "config.json"
+        path = path / stage
+    elif (path.parent / "config.json").is_file() and (path.parent / "report.json").is_file():
+        run_config = path.parent / "config.json"  # the student/ folder of a pipeline run
+    init = ""
+    if stage == "student" and run_config.is_file():
+        settings = json.loads(run_config.read_text(encoding="utf-8")).get("student", {})
+        if isinstance(settings, dict) and "init" in settings:
+            init = f"from {settings['model']}" if settings.get("model") else settings["init"]
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint folder (no config.json) nor a pipeline output folder with "
+                                f"{stage}/")
+    return path, init
+
+
+def run_benchmark(
+    teacher: Path, students: dict[str, tuple[Path, str]], spec: TaskSpec, dev, config: BenchmarkConfig,
+    output_dir: Path, max_seq_length: int,
+) -> dict:
+    """Measure every model and variant and write ``benchmark.{json,csv,md,png}`` to ``output_dir``.
+
+    Args:
+        teacher: the teacher's checkpoint folder (the reference of every ratio).
+        students: {name: (checkpoint folder, how it was initialised)}.
+        spec, dev: the task and its dev split (text columns and ``label``).
+        config: what to time and which compressed variants to add.
+        max_seq_length: tokens per dev example (as in training).
+
+    Returns:
+        The contents of ``benchmark.json``.
+    """
+    from transformers import AutoTokenizer
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    work = output_dir / "models"
+    max_length = max([max_seq_length, *config.seq_lengths])
+    rows: list[Row] = []
+    for name, (folder, init) in {"teacher": (teacher, "fine-tuned"), **students}.items():
+        logger.info("benchmark: preparing %s (%s)", name, folder)
+        rows.extend(model_rows(name, folder, init, config, work, max_length))
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    encoded = tokenize(dev, tokenizer, spec, max_seq_length)
+    labels = np.asarray(encoded["labels"])
+    for row in rows:
+        row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer), labels)
+        logger.info("%s: %s", row.name, row.results["dev"])
+    reference = rows[0].model
+    names = _input_names(reference)
+    timing = time_rows(rows, config, reference.config.vocab_size, names)
+    largest = f"b{max(config.batch_sizes)}_t{max(config.seq_lengths)}"
+    sources = {row.model_name: row.artefact for row in rows if row.variant == "pytorch"}
+    for row in rows:
+        row.results["latency"] = timing[row.name]
+        row.results["samples_per_s"] = max(config.batch_sizes) / (timing[row.name][largest]["median_ms"] / 1000)
+        if config.memory:
+            inputs = _random_inputs(reference.config.vocab_size, max(config.batch_sizes), max(config.seq_lengths),
+                                    names, seed=0)
+            row.results["memory"] = peak_memory(row, sources[row.model_name], inputs, config.num_threads)
+    report = _report(rows, spec, config, largest)
+    write_benchmark(report, output_dir)
+    return report
+
+
+def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: str) -> dict:
+    base = rows[0]
+    metric = spec.metrics[0]
+    entries = []
+    for row in rows:
+        memory = row.results.get("memory") or {}
+        entries.append({
+            "name": row.name, "model": row.model_name, "variant": row.variant, "init": row.init,
+            "path": str(row.artefact), **row.results["dev"],
+            "num_parameters": row.parameters["num_parameters"],
+            "num_parameters_without_embeddings": row.parameters["num_parameters_without_embeddings"],
+            "size_mb": row.size_mb,
+            "latency_ms": {k: v["median_ms"] for k, v in row.results["latency"].items()},
+            "latency_p90_ms": {k: v["p90_ms"] for k, v in row.results["latency"].items()},
+            "latency_spread": {k: v["spread"] for k, v in row.results["latency"].items()},
+            "samples_per_s": row.results["samples_per_s"],
+            "peak_memory_mb": memory.get("peak_mb"),
+            "ratios": {
+                "smaller_by": base.parameters["num_parameters"] / row.parameters["num_parameters"],
+                "smaller_on_disk_by": base.size_mb / row.size_mb,
+                "faster_by": base.results["latency"][largest]["median_ms"] / row.results["latency"][largest]["median_ms"],
+                "metric_retained": row.results["dev"][metric] / base.results["dev"][metric]
+                if base.results["dev"][metric] else None,
+            },
+        })
+    repeats = sorted({v["repeats"] for row in rows for v in row.results["latency"].values()})
+    setup = {"task": spec.name, "metric": metric, "batch_sizes": config.batch_sizes, "seq_lengths": config.seq_lengths,
+             "throughput_at": largest, "num_threads": torch.get_num_threads(), "repeats": repeats,
+             "max_spread": config.max_spread, "torch": torch.__version__, "cpu_count": os.cpu_count()}
+    return {"rows": entries, "setup": setup}
+
+
+CSV_COLUMNS = ["name", "model", "variant", "init", "metric", "num_parameters", "num_parameters_without_embeddings",
+               "size_mb", "samples_per_s", "peak_memory_mb", "smaller_by", "smaller_on_disk_by", "faster_by",
+               "metric_retained"]
+
+
+def write_benchmark(report: dict, output_dir: Path) -> None:
+    """``benchmark.json``, ``benchmark.csv``, ``benchmark.md`` and ``benchmark.png`` from a report."""
+    setup, rows = report["setup"], report["rows"]
+    write_json_atomic(output_dir / "benchmark.json", report)
+    latency_keys = list(rows[0]["latency_ms"])
+    with (output_dir / "benchmark.csv").open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([*CSV_COLUMNS, *[f"latency_{k}_ms" for k in latency_keys],
+                         *[f"latency_{k}_p90_ms" for k in latency_keys]])
+        for row in rows:
+            flat = {**row, **row["ratios"], "metric": row[setup["metric"]]}
+            writer.writerow([flat[c] for c in CSV_COLUMNS] + [row["latency_ms"][k] for k in latency_keys]
+                            + [row["latency_p90_ms"][k] for k in latency_keys])
+    (output_dir / "benchmark.md").write_text(markdown(report), encoding="utf-8")
+    plot(report, output_dir / "benchmark.png")
+
+
+def markdown(report: dict) -> str:
+    """The benchmark as a Markdown table with a note on how it was timed."""
+    setup, rows = report["setup"], report["rows"]
+    metric = setup["metric"]
+    keys = list(rows[0]["latency_ms"])
+    header = ["model", "init", metric, "params (M)", "params w/o emb. (M)", "size (MB)",
+              *[f"ms {k.replace('_', ' ')}" for k in keys], "samples/s", "peak mem (MB)", "smaller by",
+              "faster by", f"{metric} retained"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        retained = row["ratios"]["metric_retained"]
+        memory = row["peak_memory_mb"]
+        lines.append("| " + " | ".join([
+            row["name"], row["init"], f"{row[metric]:.4f}", f"{row['num_parameters'] / 1e6:.1f}",
+            f"{row['num_parameters_without_embeddings'] / 1e6:.1f}", f"{row['size_mb']:.1f}",
+            *[f"{row['latency_ms'][k]:.1f}" for k in keys], f"{row['samples_per_s']:.0f}",
+            "-" if memory is None else f"{memory:.0f}",
+            f"{row['ratios']['smaller_on_disk_by' if row['variant'] != 'pytorch' else 'smaller_by']:.2f}x",
+            f"{row['ratios']['faster_by']:.2f}x", "-" if retained is None else f"{100 * retained:.1f}%",
+        ]) + " |")
+    note = (f"\n`ms bB tT`: median latency at batch B, length T; {setup['num_threads']} threads, torch "
+            f"{setup['torch']}; rows timed interleaved in one process, {setup['repeats']} repeats (until (p90 - "
+            f"median) / median <= {setup['max_spread']:.0%} or the cap). samples/s and 'faster by' at "
+            f"{setup['throughput_at'].replace('_', ' ')}. 'smaller by': parameters for PyTorch rows, on-disk size for "
+            "compressed rows. Peak memory: resident memory of a fresh process that loads the model and runs one "
+            "inference at the largest batch and length.\n")
+    return "\n".join(lines) + "\n" + note
+
+
+def plot(report: dict, path: Path) -> None:
+    """Metric against latency (log scale) at the throughput setting, marker area by parameters, Pareto frontier
+    drawn, teacher marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    setup, rows = report["setup"], report["rows"]
+    metric, key = setup["metric"], setup["throughput_at"]
+    points = [(row["latency_ms"][key], row[metric]) for row in rows]
+    figure, axes = plt.subplots(figsize=(8, 5.5), dpi=120)
+    largest = max(row["num_parameters"] for row in rows)
+    markers = {"pytorch": "o", "int8": "s", "onnx": "D", "onnx-int8": "^"}
+    colours = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(row["model"] for row in rows))}
+    for index, (row, (x, y)) in enumerate(zip(rows, points)):
+        area = 40 + 400 * row["num_parameters"] / largest
+        teacher = index == 0
+        axes.scatter(x, y, s=area * (2 if teacher else 1), marker="*" if teacher else markers[row["variant"]],
+                     color=colours[row["model"]], alpha=0.8, edgecolors="black", linewidths=0.6, zorder=3)
+        axes.annotate(row["name"], (x, y), textcoords="offset points", xytext=(7, 6 if index % 2 else -11),
+                      fontsize=7)
+    front = pareto_front(points)
+    axes.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey", zorder=2,
+              label="Pareto frontier")
+    axes.scatter([], [], marker="*", s=120, color="lightgrey", edgecolors="black", label="teacher")
+    for variant, marker in markers.items():
+        if any(row["variant"] == variant for row in rows):
+            axes.scatter([], [], marker=marker, color="lightgrey", edgecolors="black", label=variant)
+    axes.set_xscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    axes.xaxis.set_major_formatter(plain)
+    axes.xaxis.set_minor_formatter(plain)
+    batch, length = key[1:].split("_t")
+    axes.set_xlabel(f"latency (ms, batch {batch}, length {length}, {setup['num_threads']} CPU threads; log scale)")
+    axes.set_ylabel(f"{setup['task']} dev {metric}")
+    axes.set_title("Size / speed / accuracy (marker area: parameters)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

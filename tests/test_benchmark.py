@@ -1,0 +1,100 @@
+"""The benchmark on tiny models: every column and ratio, int8 and ONNX Runtime rows that load and predict, the plot."""
+
+import csv
+import json
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import BertTokenizer
+
+from distill.benchmark import OnnxClassifier, pareto_front, quantize_torch, run_benchmark
+from distill.config import BenchmarkConfig
+from distill.data import get_task
+from tests.conftest import SPECIAL, WORDS, tiny_bert
+
+SENTENCES = ["the movie was good", "a bad film", "the plot was fun", "boring story", "great cast", "not fun"]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    for name, model in {"teacher": tiny_bert(seed=0, num_hidden_layers=4, hidden_size=64, intermediate_size=128),
+                        "small": tiny_bert(seed=1, hidden_size=16, intermediate_size=32)}.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    dev = datasets.Dataset.from_dict({"sentence": SENTENCES * 4, "label": [1, 0, 1, 0, 1, 0] * 4})
+    config = BenchmarkConfig(batch_sizes=[1, 4], seq_lengths=[8, 16], num_warmup=1, min_repeats=3, max_repeats=5,
+                             num_threads=1)
+    report = run_benchmark(root / "teacher", {"small": (root / "small", "random")}, get_task("sst2"), dev, config,
+                           root / "out", max_seq_length=16)
+    return root, report
+
+
+def test_every_model_and_variant_is_a_row_with_all_columns(bench):
+    root, report = bench
+    rows = {row["name"]: row for row in report["rows"]}
+    assert list(rows) == ["teacher", "teacher (int8)", "teacher (onnx)", "teacher (onnx-int8)",
+                          "small", "small (int8)", "small (onnx)", "small (onnx-int8)"]
+    for row in rows.values():
+        assert 0 <= row["accuracy"] <= 1
+        assert set(row["latency_ms"]) == {"b1_t8", "b1_t16", "b4_t8", "b4_t16"}
+        assert all(row["latency_p90_ms"][k] >= row["latency_ms"][k] > 0 for k in row["latency_ms"])
+        assert row["samples_per_s"] == pytest.approx(4 / (row["latency_ms"]["b4_t16"] / 1000))
+        assert row["peak_memory_mb"] > 0 and row["size_mb"] > 0
+    teacher, small = rows["teacher"], rows["small"]
+    assert small["ratios"]["smaller_by"] == pytest.approx(teacher["num_parameters"] / small["num_parameters"])
+    assert small["ratios"]["faster_by"] == pytest.approx(teacher["latency_ms"]["b4_t16"] / small["latency_ms"]["b4_t16"])
+    assert small["ratios"]["metric_retained"] == pytest.approx(small["accuracy"] / teacher["accuracy"])
+    assert teacher["ratios"] == {"smaller_by": 1.0, "smaller_on_disk_by": 1.0, "faster_by": 1.0, "metric_retained": 1.0}
+    # The embedding table is 34 x 16 plus positions and types: what "without embeddings" leaves out is the word table.
+    assert small["num_parameters"] - small["num_parameters_without_embeddings"] == 34 * 16
+    assert small["init"] == "random" and teacher["init"] == "fine-tuned"
+    # int8 weights take about a quarter of the space of fp32 ones.
+    assert rows["teacher (int8)"]["size_mb"] < 0.6 * teacher["size_mb"]
+    assert rows["teacher (onnx-int8)"]["size_mb"] < 0.6 * rows["teacher (onnx)"]["size_mb"]
+
+
+def test_compressed_rows_load_and_predict_like_their_model(bench):
+    root, report = bench
+    rows = {row["name"]: row for row in report["rows"]}
+    tokenizer = BertTokenizer.from_pretrained(root / "teacher")
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    model = tiny_bert(seed=0, num_hidden_layers=4, hidden_size=64, intermediate_size=128)
+    with torch.no_grad():
+        expected = model(**batch).logits
+        quantized = quantize_torch(model)(**batch).logits
+    onnx = OnnxClassifier(rows["teacher (onnx)"]["path"])(**batch).logits
+    onnx_int8 = OnnxClassifier(rows["teacher (onnx-int8)"]["path"])(**batch).logits
+    torch.testing.assert_close(onnx, expected, rtol=1e-4, atol=1e-4)  # the exported graph is the model
+    for approximate in (quantized, onnx_int8):
+        assert not torch.equal(approximate, expected)  # really quantized ...
+        assert (approximate - expected).abs().max() < 0.1 * expected.abs().max() + 0.05  # ... and close
+    assert rows["teacher (onnx)"]["accuracy"] == rows["teacher"]["accuracy"]
+    import onnx as onnx_lib
+
+    operators = {node.op_type for node in onnx_lib.load(rows["teacher (onnx-int8)"]["path"]).graph.node}
+    assert operators & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
+
+
+def test_table_csv_json_and_plot_are_written(bench):
+    root, report = bench
+    out = root / "out"
+    assert json.loads((out / "benchmark.json").read_text()) == json.loads(json.dumps(report))
+    with (out / "benchmark.csv").open() as f:
+        lines = list(csv.DictReader(f))
+    assert [line["name"] for line in lines] == [row["name"] for row in report["rows"]]
+    assert {"metric", "num_parameters", "size_mb", "samples_per_s", "peak_memory_mb", "faster_by",
+            "latency_b1_t8_ms", "latency_b4_t16_p90_ms"} <= set(lines[0])
+    table = (out / "benchmark.md").read_text()
+    assert table.count("\n| ") == len(report["rows"]) and "| small (onnx-int8) |" in table
+    png = (out / "benchmark.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_pareto_front_keeps_the_points_nothing_beats():
+    # (latency, metric): b is beaten by a (slower and worse), d by c.
+    points = [(10.0, 0.9), (20.0, 0.85), (30.0, 0.95), (40.0, 0.94), (5.0, 0.7)]
+    assert pareto_front(points) == [4, 0, 2]
