@@ -250,7 +250,7 @@ def run_benchmark_command(config, args) -> int:
         students = {}
         for given in args.student:
             folder, init = resolve_model_folder(Path(given), "student")
-            name = Path(given).name if folder != Path(given) else folder.name
+            name = Path(given).name
             name = name if name not in students and name != "teacher" else f"{name}_{len(students) + 1}"
             students[name] = (folder, init)
     except FileNotFoundError as error:

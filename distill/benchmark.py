@@ -123,11 +123,13 @@ def quantize_onnx(source: Path, target: Path) -> None:
     """ONNX Runtime dynamic quantization: int8 weights (``QuantType.QInt8``)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # its pre-processing advice
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))  # it logs advice on pre-processing through the root logger
     try:
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
     finally:
-        logging.getLogger().setLevel(logging.INFO)
+        root.setLevel(level)
 
 
 def quantize_torch(model: torch.nn.Module) -> torch.nn.Module:
@@ -289,21 +291,23 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 def resolve_model_folder(path: Path, stage: str) -> tuple[Path, str]:
     """A checkpoint folder, or the output folder of a pipeline run (its ``stage`` subfolder is used): returns the
-    checkpoint folder and how the model was initialised (from the run's ``config.json``, else "")."""
-    run_config = path / "config.json"
-    if (path / stage / "config.json").is_file():
-        run_config = path / "config.json"
-        path = path / stage
-    elif (path.parent / "config.json").is_file() and (path.parent / "report.json").is_file():
-        run_config = path.parent / "config.json"  # the student/ folder of a pipeline run
-    init = ""
-    if stage == "student" and run_config.is_file():
-        settings = json.loads(run_config.read_text(encoding="utf-8")).get("student", {})
-        if isinstance(settings, dict) and "init" in settings:
-            init = f"from {settings['model']}" if settings.get("model") else settings["init"]
+    checkpoint folder and how the model was initialised (from the run's ``config.json``, else "").
+
+    Raises:
+        FileNotFoundError: ``path`` is neither.
+    """
+    run_config = None
+    if (path / stage / "config.json").is_file():  # a pipeline output folder
+        run_config, path = path / "config.json", path / stage
+    elif (path.parent / "report.json").is_file():  # the student/ folder inside one
+        run_config = path.parent / "config.json"
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint folder (no config.json) nor a pipeline output folder with "
                                 f"{stage}/")
+    init = ""
+    if stage == "student" and run_config is not None and run_config.is_file():
+        settings = json.loads(run_config.read_text(encoding="utf-8")).get("student", {})
+        init = f"from {settings['model']}" if settings.get("model") else settings.get("init", "")
     return path, init
 
 

@@ -256,6 +256,22 @@ def preflight(config: PipelineConfig) -> None:
             raise ConfigError(f"student: {error}") from None
 
 
+def _teacher_and_data(config: PipelineConfig) -> tuple:
+    """The stages every student of a run shares: config record, task data, teacher, augmented training set.
+
+    Returns:
+        (output folder, task spec, task data, teacher stage record, training set, its run id).
+    """
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "config.json", to_dict(config))
+    spec = get_task(config.task.name)
+    data = load_task_data(config.task)
+    teacher_record = teacher_stage(config, spec, data, out)
+    train_data, data_run_id = augment_stage(config, spec, data, out)
+    return out, spec, data, teacher_record, train_data, data_run_id
+
+
 def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
     """How a student starts, in words for reports."""
     if student.model is not None:
@@ -284,13 +300,7 @@ def run_sweep(config: PipelineConfig) -> dict:
         distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
         entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
         preflight(entries[entry.name])
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "config.json", to_dict(config))
-    spec = get_task(config.task.name)
-    data = load_task_data(config.task)
-    teacher_record = teacher_stage(config, spec, data, out)
-    train_data, data_run_id = augment_stage(config, spec, data, out)
+    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config)
     students = {}
     for name, student_config in entries.items():
         _banner(f"sweep student {name}", out / "students" / name)
@@ -310,12 +320,6 @@ def run_sweep(config: PipelineConfig) -> dict:
 def run_pipeline(config: PipelineConfig) -> dict:
     """Run every stage of the main job (skipping finished ones) and return the report."""
     preflight(config)
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "config.json", to_dict(config))
-    spec = get_task(config.task.name)
-    data = load_task_data(config.task)
-    teacher_record = teacher_stage(config, spec, data, out)
-    train_data, data_run_id = augment_stage(config, spec, data, out)
+    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config)
     student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out)
     return report_stage(config, teacher_record, student_record, out)

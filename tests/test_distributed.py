@@ -20,21 +20,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(out: Path, batch_size: int, world_size: int) -> None:
+def _launch(command: list[str], world_size: int, use_cpu_flag: bool) -> None:
+    """Run ``command`` in ``world_size`` processes with the environment a launcher (torchrun, `accelerate launch`)
+    gives each rank, and check every one exits 0. ``use_cpu_flag``: also set ACCELERATE_USE_CPU=true, as
+    `accelerate launch --cpu` does; without it the command must find the CPU process group itself."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ACCELERATE_USE_CPU", None)
     if world_size > 1:
-        # What `accelerate launch --cpu --num_processes 2` sets for each process.
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size),
-                   ACCELERATE_USE_CPU="true")
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size))
+        if use_cpu_flag:
+            env["ACCELERATE_USE_CPU"] = "true"
     processes = [
-        subprocess.Popen([sys.executable, str(WORKER), str(out), str(batch_size)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True,
+        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r)} if world_size > 1 else {})})
         for r in range(world_size)
     ]
     for process in processes:
         output, _ = process.communicate(timeout=300)
         assert process.returncode == 0, output[-3000:]
+
+
+def _run(out: Path, batch_size: int, world_size: int) -> None:
+    _launch([sys.executable, str(WORKER), str(out), str(batch_size)], world_size, use_cpu_flag=True)
 
 
 def test_two_ranks_agree_and_match_one_process_on_the_same_global_batch(tmp_path):
@@ -56,24 +63,13 @@ def test_two_ranks_agree_and_match_one_process_on_the_same_global_batch(tmp_path
 def _general(out: Path, teacher: Path, corpus: Path, batch_size: int, world_size: int) -> None:
     """`run_distill.py distill --stage general` in ``world_size`` processes, launched as torchrun does (no
     ACCELERATE_USE_CPU: the command itself must join a CPU process group on a machine without CUDA)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("ACCELERATE_USE_CPU", None)
-    if world_size > 1:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size))
     sets = ["general.student.preset=null", "general.student.num_hidden_layers=2", "general.student.hidden_size=16",
             "general.student.intermediate_size=32", "general.student.num_attention_heads=4", "general.max_seq_length=16",
             f"general.train={{max_steps: 4, batch_size: {batch_size}, save_steps: 2, log_steps: 1, "
             "learning_rate: 0.001, warmup_ratio: 0.0}"]
     command = [sys.executable, str(ROOT / "run_distill.py"), "distill", "--stage", "general", "--teacher", str(teacher),
                "--corpus", str(corpus), "--output-dir", str(out)] + [a for s in sets for a in ("--set", s)]
-    processes = [
-        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r)} if world_size > 1 else {})})
-        for r in range(world_size)
-    ]
-    for process in processes:
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output[-3000:]
+    _launch(command, world_size, use_cpu_flag=False)
 
 
 def test_general_distillation_command_runs_on_two_processes(tmp_path):
