@@ -243,7 +243,7 @@ def run_sweep_command(config, args) -> int:
 
 def run_benchmark_command(config, args) -> int:
     from distill.benchmark import resolve_model_folder, run_benchmark
-    from distill.data import get_task, load_task_data
+    from distill.data import load_task_data, task_spec
 
     try:
         teacher, _ = resolve_model_folder(Path(args.teacher), "teacher")
@@ -257,8 +257,8 @@ def run_benchmark_command(config, args) -> int:
         from distill.data import DataError
 
         raise DataError(str(error)) from None
-    spec = get_task(config.task.name)
-    dev = load_task_data(config.task)["dev"]
+    spec = task_spec(config.task)
+    dev = load_task_data(config.task, spec)["dev"]
     out = Path(args.output_dir) if args.output_dir else Path(config.output_dir) / "benchmark"
     report = run_benchmark(teacher, students, spec, dev, config.benchmark, out, config.task.max_seq_length)
     print((out / "benchmark.md").read_text(encoding="utf-8"))

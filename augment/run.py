@@ -19,7 +19,7 @@ from augment.dataset import augment_dataset, augment_fingerprint, load_shards
 from augment.vectors import check_word_vectors
 from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
-from distill.data import DataError, get_task, load_task_data, read_table, require_columns
+from distill.data import DataError, load_task_data, read_table, require_columns, task_spec
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def default_text_columns(columns: list[str], source: str) -> tuple[str, ...]:
 def _input(config: PipelineConfig, source: str | None, text_columns: list[str] | None, split: str):
     """(dataset, text columns, what identifies the input) for a user source or the configured task."""
     if source is None:
-        spec = get_task(config.task.name)
-        data = load_task_data(config.task)["train"]
+        spec = task_spec(config.task)
+        data = load_task_data(config.task, spec)["train"]
         return data, tuple(text_columns or spec.text_columns), to_dict(config.task)
     data = read_table(source, split)
     columns = tuple(text_columns) if text_columns else default_text_columns(data.column_names, source)

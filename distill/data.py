@@ -28,17 +28,26 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a task's data looks like and how it is scored."""
+    """What a task's data looks like and how it is scored.
+
+    Column names are those of the hub dataset (``glue/<task>``); GLUE TSV headers that differ are renamed on read
+    (``tsv_columns``). Labels in TSV files may be class ids or class names (MNLI's ``entailment``), both mapped to
+    ids in ``label_names`` order, which is the hub's order.
+    """
 
     name: str
     text_columns: tuple[str, ...]  # one column (single sentence) or two (pairs)
-    label_column: str  # column of the label in the GLUE TSV files
+    label_column: str  # column of the label in the GLUE TSV files (after renaming)
     label_names: tuple[str, ...] = ()  # class names in id order; empty for regression
     metrics: tuple[str, ...] = ("accuracy",)
-    hub: tuple[str, str] = ("glue", "")  # datasets.load_dataset(*hub)
+    hub: tuple[str, str] | None = ("glue", "")  # datasets.load_dataset(*hub); None: no hub copy (a user's files)
     tsv_columns: dict = field(default_factory=dict)  # TSV header name -> our column name, where they differ
     dev_file: str = "dev.tsv"
     hub_dev_split: str = "validation"
+    header: tuple[str, ...] | None = None  # column names of headerless TSV files (CoLA)
+    # More dev sets, scored beside the main one: (suffix, TSV file, hub split); metrics get "_<suffix>" appended.
+    extra_dev: tuple[tuple[str, str, str], ...] = ()
+    train_file: str = "train.tsv"
 
     @property
     def is_regression(self) -> bool:
@@ -48,29 +57,85 @@ class TaskSpec:
     def num_labels(self) -> int:
         return len(self.label_names) or 1
 
+    @property
+    def dev_splits(self) -> dict[str, str]:
+        """Dev split name in the DatasetDict -> suffix of its metric names ("" for the main dev set)."""
+        return {"dev": "", **{f"dev_{suffix}": f"_{suffix}" for suffix, _, _ in self.extra_dev}}
 
+
+def _glue(name, text_columns, label_column, label_names, metrics=("accuracy",), **kwargs) -> TaskSpec:
+    return TaskSpec(name, tuple(text_columns), label_column, tuple(label_names), tuple(metrics), ("glue", name),
+                    **kwargs)
+
+
+# The GLUE tasks (Wang et al., 2018) with the hub's label order and GLUE's metrics. TSV layouts are those of the GLUE
+# download script (CoLA has no header line; MNLI has two dev sets).
 TASKS: dict[str, TaskSpec] = {
-    "sst2": TaskSpec("sst2", ("sentence",), "label", ("negative", "positive"), ("accuracy",), ("glue", "sst2")),
-    "mrpc": TaskSpec(
-        "mrpc",
-        ("sentence1", "sentence2"),
-        "Quality",
-        ("not_equivalent", "equivalent"),
-        ("accuracy", "f1"),
-        ("glue", "mrpc"),
-        {"#1 String": "sentence1", "#2 String": "sentence2"},
-    ),
-    "stsb": TaskSpec(
-        "stsb", ("sentence1", "sentence2"), "score", (), ("pearson", "spearmanr"), ("glue", "stsb")
-    ),
+    "cola": _glue("cola", ["sentence"], "label", ["unacceptable", "acceptable"], ["matthews_corrcoef"],
+                  header=("source", "label", "label_notes", "sentence")),
+    "sst2": _glue("sst2", ["sentence"], "label", ["negative", "positive"]),
+    "mrpc": _glue("mrpc", ["sentence1", "sentence2"], "Quality", ["not_equivalent", "equivalent"],
+                  ["accuracy", "f1"], tsv_columns={"#1 String": "sentence1", "#2 String": "sentence2"}),
+    "stsb": _glue("stsb", ["sentence1", "sentence2"], "score", [], ["pearson", "spearmanr"]),
+    "qqp": _glue("qqp", ["question1", "question2"], "is_duplicate", ["not_duplicate", "duplicate"],
+                 ["accuracy", "f1"]),
+    "mnli": _glue("mnli", ["premise", "hypothesis"], "gold_label", ["entailment", "neutral", "contradiction"],
+                  tsv_columns={"sentence1": "premise", "sentence2": "hypothesis"}, dev_file="dev_matched.tsv",
+                  hub_dev_split="validation_matched",
+                  extra_dev=(("mismatched", "dev_mismatched.tsv", "validation_mismatched"),)),
+    "qnli": _glue("qnli", ["question", "sentence"], "label", ["entailment", "not_entailment"]),
+    "rte": _glue("rte", ["sentence1", "sentence2"], "label", ["entailment", "not_entailment"]),
+    "wnli": _glue("wnli", ["sentence1", "sentence2"], "label", ["not_entailment", "entailment"]),
 }
 
 
 def get_task(name: str) -> TaskSpec:
-    """The :class:`TaskSpec` called ``name``; raises ValueError listing the known tasks."""
+    """The GLUE :class:`TaskSpec` called ``name``; raises ValueError listing the known tasks."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}, or a task of your own "
+                         "files (task.train_file, task.text_columns, task.label_column)")
     return TASKS[name]
+
+
+def task_spec(config: TaskConfig) -> TaskSpec:
+    """The spec of the configured task: a GLUE task by name, or a user's task described by ``task.train_file``,
+    ``text_columns``, ``label_column``, ``label_names`` / ``regression`` and ``metrics``.
+
+    A user's classification task without ``label_names`` takes the distinct labels of its training file, sorted
+    (numerically when they are all integers).
+
+    Raises:
+        DataError: an unknown task name without ``train_file``, or a user's file without the named columns.
+    """
+    if config.train_file is None:
+        try:
+            return get_task(config.name)
+        except ValueError as error:
+            raise DataError(str(error)) from None
+    if not config.text_columns:
+        raise DataError("task.text_columns: name the text column(s) of task.train_file, e.g. [sentence] or "
+                        "[question, passage]")
+    label_names: tuple[str, ...] = ()
+    if not config.regression:
+        label_names = tuple(config.label_names or _label_values(config))
+    metrics = tuple(config.metrics or (("pearson", "spearmanr") if config.regression else
+                                       ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)))
+    return TaskSpec(config.name, tuple(config.text_columns), config.label_column, label_names, metrics, hub=None,
+                    dev_file=config.dev_file or "", train_file=config.train_file)
+
+
+def _label_values(config: TaskConfig) -> list[str]:
+    train = read_table(config.train_file)
+    require_columns(train, [config.label_column], config.train_file)
+    values = sorted({str(v) for v in train[config.label_column] if v is not None})
+    if all(v.lstrip("-").isdigit() for v in values):
+        values.sort(key=int)
+    if len(values) < 2:
+        raise DataError(f"{config.train_file}: column {config.label_column!r} has {len(values)} distinct label(s) "
+                        f"({values}); a classification task needs two or more, or set task.regression: true")
+    logger.info("task %s: labels %s (from %s; set task.label_names to fix their order)", config.name, values,
+                config.train_file)
+    return values
 
 
 def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
@@ -80,10 +145,18 @@ def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
         DataError: the file is empty, a needed column is missing (present ones listed), a line has the wrong number
             of fields (line number given), or a label is outside the task's label set.
     """
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; a GLUE folder for {spec.name} holds {spec.train_file} and "
+                        f"{', '.join([spec.dev_file, *(f for _, f, _ in spec.extra_dev)])}")
     with path.open(encoding="utf-8-sig", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     if not rows:
         raise DataError(f"{path} is empty; a GLUE TSV file starts with a header line")
+    if spec.header is not None:  # headerless format (CoLA)
+        rows.insert(0, list(spec.header))
+        first_line = 1
+    else:
+        first_line = 2
     header = [spec.tsv_columns.get(name, name) for name in rows[0]]
     needed = [*spec.text_columns, spec.label_column]
     missing = [c for c in needed if c not in header]
@@ -91,7 +164,7 @@ def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
         raise DataError(f"{path}: missing column(s) {missing}; present: {rows[0]}")
     positions = {c: header.index(c) for c in needed}
     columns: dict[str, list] = {c: [] for c in (*spec.text_columns, "label")}
-    for line_number, row in enumerate(rows[1:], start=2):
+    for line_number, row in enumerate(rows[1:], start=first_line):
         if len(row) != len(header):
             raise DataError(
                 f"{path}, line {line_number}: expected {len(header)} tab-separated fields, found {len(row)}; "
@@ -103,13 +176,18 @@ def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
     return datasets.Dataset.from_dict(columns)
 
 
-def _parse_label(value: str, spec: TaskSpec, path: Path, line_number: int) -> int | float:
+def _parse_label(value, spec: TaskSpec, path: Path | str, line_number: int) -> int | float:
+    """A label as written (class id, class name, or score) -> class id or float score."""
+    text = str(value).strip()
     try:
         if spec.is_regression:
-            return float(value)
-        label = int(value)
+            return float(text)
     except ValueError:
-        label = -1
+        raise DataError(f"{path}, line {line_number}: score {value!r} is not a number") from None
+    names = [n.lower() for n in spec.label_names]
+    if text.lower() in names:
+        return names.index(text.lower())
+    label = int(text) if text.lstrip("-").isdigit() else -1
     if not 0 <= label < spec.num_labels:
         raise DataError(
             f"{path}, line {line_number}: label {value!r} is not one of the {spec.name} labels "
@@ -118,45 +196,70 @@ def _parse_label(value: str, spec: TaskSpec, path: Path, line_number: int) -> in
     return label
 
 
-def load_task_data(config: TaskConfig) -> datasets.DatasetDict:
-    """Load train and dev splits for ``config.name`` from the configured source.
+def load_task_data(config: TaskConfig, spec: TaskSpec | None = None) -> datasets.DatasetDict:
+    """Load the train and dev splits of the configured task.
 
-    Sources: ``local`` (``config.data_dir`` with ``train.tsv`` and the task's dev file), ``bundled`` (the SST-2
-    sample shipped in ``distill/assets``), ``hub`` (``datasets.load_dataset``), ``auto`` (local if a data_dir is
-    given, else bundled if there is one, else hub).
+    Sources: ``local`` (``config.data_dir``, a GLUE-format folder), ``bundled`` (the SST-2 sample shipped in
+    ``distill/assets``), ``hub`` (``datasets.load_dataset``), ``auto`` (local if a data_dir is given, else bundled
+    if there is one, else hub); a user's task (``config.train_file``) reads its CSV/TSV/JSONL files.
+
+    Returns:
+        A DatasetDict with ``train``, ``dev`` and, for tasks with more dev sets, ``dev_<suffix>`` (MNLI:
+        ``dev_mismatched``); columns: the task's text columns and ``label`` (class id, or float score).
 
     Raises:
-        DataError: malformed files (see :func:`read_glue_tsv`) or a missing data folder.
+        DataError: malformed files (see :func:`read_glue_tsv`), a missing data folder or file.
     """
-    spec = get_task(config.name)
+    spec = spec or task_spec(config)
     source = config.source
-    if source == "auto":
-        source = "local" if config.data_dir else ("bundled" if (ASSETS / spec.name).is_dir() else "hub")
-    if source == "hub":
-        data = _load_hub(spec)
+    if spec.hub is None:
+        data, source = _load_user_files(config, spec), "files"
     else:
-        folder = Path(config.data_dir) if source == "local" else ASSETS / spec.name
-        if source == "local" and not config.data_dir:
-            raise DataError("task.source is 'local' but task.data_dir is not set; pass --data-dir")
-        if not folder.is_dir():
-            raise DataError(f"data folder {folder} does not exist; give a GLUE-format folder with train.tsv and dev.tsv")
-        data = datasets.DatasetDict(
-            train=read_glue_tsv(folder / "train.tsv", spec), dev=read_glue_tsv(folder / spec.dev_file, spec)
-        )
+        if source == "auto":
+            source = "local" if config.data_dir else ("bundled" if (ASSETS / spec.name).is_dir() else "hub")
+        if source == "hub":
+            data = _load_hub(spec)
+        else:
+            if source == "local" and not config.data_dir:
+                raise DataError("task.source is 'local' but task.data_dir is not set; pass --data-dir")
+            folder = Path(config.data_dir) if source == "local" else ASSETS / spec.name
+            if not folder.is_dir():
+                raise DataError(f"data folder {folder} does not exist; give a GLUE-format folder with "
+                                f"{spec.train_file} and {spec.dev_file}")
+            files = {"train": spec.train_file, "dev": spec.dev_file,
+                     **{f"dev_{suffix}": file for suffix, file, _ in spec.extra_dev}}
+            data = datasets.DatasetDict({split: read_glue_tsv(folder / file, spec) for split, file in files.items()})
     if config.max_train_examples:
         data["train"] = data["train"].select(range(min(config.max_train_examples, len(data["train"]))))
     if config.max_eval_examples:
-        data["dev"] = data["dev"].select(range(min(config.max_eval_examples, len(data["dev"]))))
-    logger.info("task %s (%s): %d train, %d dev examples", spec.name, source, len(data["train"]), len(data["dev"]))
+        for split in spec.dev_splits:
+            data[split] = data[split].select(range(min(config.max_eval_examples, len(data[split]))))
+    logger.info("task %s (%s): %s examples", spec.name, source, ", ".join(f"{len(v)} {k}" for k, v in data.items()))
     return data
 
 
 def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     raw = datasets.load_dataset(*spec.hub)
     keep = [*spec.text_columns, "label"]
-    return datasets.DatasetDict(
-        train=raw["train"].select_columns(keep), dev=raw[spec.hub_dev_split].select_columns(keep)
-    )
+    splits = {"train": "train", "dev": spec.hub_dev_split,
+              **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}
+    return datasets.DatasetDict({ours: raw[theirs].select_columns(keep) for ours, theirs in splits.items()})
+
+
+def _load_user_files(config: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
+    """A user's train and dev files, their label column mapped to ids (classification) or floats (regression)."""
+    if not config.dev_file:
+        raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
+    data = {}
+    for split, source in (("train", config.train_file), ("dev", config.dev_file)):
+        table = read_table(source)
+        require_columns(table, [*spec.text_columns, spec.label_column], source)
+        # Row i of the table is line i + 2 of a CSV/TSV file (after the header), line i + 1 of a JSONL file.
+        offset = 1 if Path(source).suffix in (".jsonl", ".json") else 2
+        labels = [_parse_label(value, spec, source, i + offset) for i, value in enumerate(table[spec.label_column])]
+        texts = {c: ["" if t is None else str(t) for t in table[c]] for c in spec.text_columns}
+        data[split] = datasets.Dataset.from_dict({**texts, "label": labels})
+    return datasets.DatasetDict(data)
 
 
 # A UTF-8 byte-order mark (as in GLUE's MRPC files) is not part of the first column's name.

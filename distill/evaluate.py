@@ -11,7 +11,7 @@ from scipy import stats
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from distill.data import TaskSpec, collator
+from distill.data import TaskSpec, collator, tokenize
 
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
@@ -37,6 +37,13 @@ def matthews_corrcoef(predictions: np.ndarray, labels: np.ndarray) -> float:
     return 0.0 if denominator == 0 else (tp * tn - fp * fn) / denominator
 
 
+def correlation(function, predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Pearson or Spearman correlation (STS-B), in [-1, 1]; 0 when undefined (constant predictions or labels)."""
+    if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
+        return 0.0
+    return float(function(predictions, labels)[0])
+
+
 def compute_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's metrics from model outputs.
 
@@ -47,8 +54,8 @@ def compute_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> 
     if spec.is_regression:
         predictions = outputs.reshape(-1)
         table = {
-            "pearson": lambda: float(stats.pearsonr(predictions, labels)[0]),
-            "spearmanr": lambda: float(stats.spearmanr(predictions, labels)[0]),
+            "pearson": lambda: correlation(stats.pearsonr, predictions, labels),
+            "spearmanr": lambda: correlation(stats.spearmanr, predictions, labels),
         }
     else:
         predictions = outputs.argmax(axis=-1)
@@ -83,3 +90,15 @@ def evaluate(model, dataset, tokenizer, spec: TaskSpec, batch_size: int = 64, de
     """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`)."""
     logits = predict(model, dataset, tokenizer, batch_size, device)
     return compute_metrics(spec, logits, np.asarray(dataset["labels"]))
+
+
+def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, batch_size: int = 64,
+                  device: str = "cpu") -> dict[str, float]:
+    """Metrics on every dev set of the task (untokenized ``data`` splits, see :attr:`TaskSpec.dev_splits`): the main
+    dev set's under the metric names, the others with their suffix (MNLI: ``accuracy``, ``accuracy_mismatched``)."""
+    metrics = {}
+    for split, suffix in spec.dev_splits.items():
+        encoded = tokenize(data[split], tokenizer, spec, max_seq_length)
+        metrics.update({name + suffix: value for name, value in
+                        evaluate(model, encoded, tokenizer, spec, batch_size, device).items()})
+    return metrics

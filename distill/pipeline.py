@@ -31,8 +31,8 @@ from augment import (
 )
 from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, fingerprint, to_dict
-from distill.data import TaskSpec, collator, get_task, load_task_data, tokenize
-from distill.evaluate import evaluate, predict
+from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
+from distill.evaluate import evaluate_task, predict
 from distill.general import PROJECTIONS_FILE, save_projections
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective
@@ -67,9 +67,9 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     _banner("teacher", folder)
     if config.teacher.model is None:
         return finetune_teacher(config.teacher, config.task, spec, data, folder, run_id)
-    teacher = load_teacher(config.teacher.model, spec)
+    teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels)
     tokenizer = load_tokenizer(config.teacher.model)
-    metrics = evaluate(teacher, tokenize(data["dev"], tokenizer, spec, config.task.max_seq_length), tokenizer, spec)
+    metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length)
     check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model)
     teacher.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -203,7 +203,7 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     student = AutoModelForSequenceClassification.from_pretrained(step1)
     _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set,
                   {"prediction": weights.get("prediction", 1.0)}, config.distill.prediction, final, run2)
-    metrics = evaluate(student, tokenize(data["dev"], tokenizer, spec, config.task.max_seq_length), tokenizer, spec)
+    metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length)
     logger.info("student dev metrics: %s", metrics)
     return mark_stage_done(final, run2, {"dev": metrics})
 
@@ -265,8 +265,8 @@ def _teacher_and_data(config: PipelineConfig) -> tuple:
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", to_dict(config))
-    spec = get_task(config.task.name)
-    data = load_task_data(config.task)
+    spec = task_spec(config.task)
+    data = load_task_data(config.task, spec)
     teacher_record = teacher_stage(config, spec, data, out)
     train_data, data_run_id = augment_stage(config, spec, data, out)
     return out, spec, data, teacher_record, train_data, data_run_id

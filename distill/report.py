@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from distill.checkpoint import write_json_atomic
-from distill.config import ReportConfig
+from distill.config import METRICS, ReportConfig
 
 
 def size_mb(model_dir: Path) -> float:
@@ -124,7 +124,7 @@ def write_report(report: dict, output_dir: Path) -> None:
 
 
 def markdown_table(flat: dict, timing: dict) -> str:
-    metric_names = [k for k in next(iter(flat.values())) if k in ("accuracy", "f1", "pearson", "spearmanr", "matthews_corrcoef")]
+    metric_names = [k for k in next(iter(flat.values())) if any(k == m or k.startswith(f"{m}_") for m in METRICS)]
     batches = [f"batch_{b}" for b in timing["batch_sizes"]]
     header = ["model", *metric_names, "params (M)", "size (MB)", *[f"latency {b.replace('_', ' ')} (ms)" for b in batches],
               "samples/s", "smaller by", "faster by", "metric retained"]

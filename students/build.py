@@ -11,7 +11,7 @@ import logging
 import re
 
 import torch
-from transformers import AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
 from distill.config import StudentConfig
 
@@ -23,21 +23,35 @@ PRESETS: dict[str, dict[str, int]] = {
     "tinybert-6l-768": {"num_hidden_layers": 6, "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12},
     "2l-128": {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 512, "num_attention_heads": 2},
     "3l-384": {"num_hidden_layers": 3, "hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 12},
+    # ALBERT-style (Lan et al., 2019, §3.1): factorized embedding E = 128 < H and one set of layer weights shared by
+    # all layers; the TinyBERT 4l-312 shape otherwise.
+    "albert-4l-312": {"model_type": "albert", "num_hidden_layers": 4, "hidden_size": 312, "intermediate_size": 1200,
+                      "num_attention_heads": 12, "embedding_size": 128, "num_hidden_groups": 1},
 }
 
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
+ALBERT_FIELDS = ("embedding_size", "num_hidden_groups")
+# Config fields a student of another family takes from the teacher: vocabulary, positions, token types, labels.
+SHARED_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id", "layer_norm_eps",
+                 "hidden_act", "num_labels", "id2label", "label2id", "problem_type")
 
 
-def student_shape(config: StudentConfig) -> dict[str, int]:
-    """The student's layer count and sizes: the preset, overridden by explicit fields.
+def student_shape(config: StudentConfig) -> dict:
+    """The student's family, layer count and sizes: the preset, overridden by explicit fields.
+
+    Returns:
+        ``num_hidden_layers``, ``hidden_size``, ``intermediate_size``, ``num_attention_heads``; ``model_type`` when
+        the student's family is not the teacher's; ``embedding_size`` and ``num_hidden_groups`` for ALBERT.
 
     Raises:
-        ValueError: unknown preset, or a field missing when there is no preset.
+        ValueError: unknown preset or family, a field missing when there is no preset, a hidden size the heads do not
+            divide, or ALBERT fields on a non-ALBERT student.
     """
     if config.preset is not None and config.preset not in PRESETS:
         raise ValueError(f"unknown student preset {config.preset!r}; presets: {', '.join(PRESETS)}")
     shape = dict(PRESETS[config.preset]) if config.preset else {}
-    shape.update({k: getattr(config, k) for k in SHAPE_FIELDS if getattr(config, k) is not None})
+    shape.update({k: getattr(config, k) for k in (*SHAPE_FIELDS, *ALBERT_FIELDS, "model_type")
+                  if getattr(config, k) is not None})
     missing = [k for k in SHAPE_FIELDS if k not in shape]
     if missing:
         raise ValueError(f"student shape incomplete: set student.preset or student.{missing[0]}")
@@ -46,14 +60,31 @@ def student_shape(config: StudentConfig) -> dict[str, int]:
             f"student hidden_size {shape['hidden_size']} is not divisible by num_attention_heads "
             f"{shape['num_attention_heads']}"
         )
+    albert = shape.get("model_type") == "albert"
+    if not albert and any(k in shape for k in ALBERT_FIELDS):
+        raise ValueError("student.embedding_size and num_hidden_groups are ALBERT settings: set student.model_type: "
+                         "albert, or remove them")
+    if albert:
+        groups = shape.setdefault("num_hidden_groups", 1)
+        shape.setdefault("embedding_size", shape["hidden_size"])
+        if shape["num_hidden_layers"] % groups:
+            raise ValueError(f"student num_hidden_groups {groups} must divide num_hidden_layers "
+                             f"{shape['num_hidden_layers']} (layers are shared within a group)")
     return shape
 
 
-def student_config(teacher_config: PretrainedConfig, shape: dict[str, int]) -> PretrainedConfig:
-    """The teacher's config with the student's shape."""
-    config = copy.deepcopy(teacher_config)
-    for key, value in shape.items():
-        setattr(config, key, value)
+def student_config(teacher_config: PretrainedConfig, shape: dict) -> PretrainedConfig:
+    """The student's config: the teacher's with the student's shape, or, for a student of another family
+    (``shape["model_type"]``), that family's config with the teacher's vocabulary, positions and labels."""
+    shape = dict(shape)
+    model_type = shape.pop("model_type", teacher_config.model_type)
+    if model_type == teacher_config.model_type:
+        config = copy.deepcopy(teacher_config)
+        for key, value in shape.items():
+            setattr(config, key, value)
+    else:
+        shared = {k: copy.deepcopy(getattr(teacher_config, k)) for k in SHARED_FIELDS if hasattr(teacher_config, k)}
+        config = AutoConfig.for_model(model_type, **shared, **shape)
     config.architectures = None
     return config
 
@@ -102,10 +133,11 @@ def init_embeddings_from_teacher(student: PreTrainedModel, teacher: PreTrainedMo
     Raises:
         ValueError: the student's hidden size is larger than the teacher's.
     """
-    h_s, h_t = student.config.hidden_size, teacher.config.hidden_size
-    if h_s > h_t:
-        raise ValueError(f"student.init 'teacher_embeddings' needs hidden_size <= the teacher's ({h_t}), got {h_s}")
     source, target = teacher.get_input_embeddings(), student.get_input_embeddings()
+    h_s, h_t = target.weight.shape[1], source.weight.shape[1]  # ALBERT: the student's embedding size E
+    if h_s > h_t:
+        raise ValueError(f"student.init 'teacher_embeddings' needs an embedding width <= the teacher's ({h_t}), "
+                         f"got {h_s}")
     basis = principal_basis(source.weight, h_s) if h_s < h_t else torch.eye(h_t)
     target.weight.copy_(source.weight.float() @ basis)
     source_tables = dict(teacher.base_model.embeddings.named_children())
@@ -133,6 +165,11 @@ def init_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_
     Raises:
         ValueError: the hidden or FFN sizes differ, so weights cannot be copied.
     """
+    if student.config.model_type != teacher.config.model_type:
+        raise ValueError(
+            f"student.init 'teacher' copies layers between models of one family; the student is "
+            f"{student.config.model_type}, the teacher {teacher.config.model_type}. Use init teacher_embeddings or random"
+        )
     for key in ("hidden_size", "intermediate_size"):
         if getattr(student.config, key) != getattr(teacher.config, key):
             raise ValueError(

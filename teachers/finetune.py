@@ -12,7 +12,7 @@ from transformers import AutoModelForSequenceClassification, set_seed
 from distill.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
 from distill.data import TaskSpec, collator, tokenize
-from distill.evaluate import evaluate
+from distill.evaluate import evaluate_task
 from distill.objective import ModelLossObjective
 from distill.trainer import train
 from teachers.models import ModelError, load_tokenizer, resolve_model
@@ -67,7 +67,7 @@ def finetune_teacher(
     train(objective, train_set, collator(tokenizer), config.train, stage_dir, run_id, "teacher fine-tuning")
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)
-    metrics = evaluate(model, tokenize(data["dev"], tokenizer, spec, task.max_seq_length), tokenizer, spec)
+    metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length)
     logger.info("teacher dev metrics: %s", metrics)
     check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir))
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
@@ -48,12 +50,19 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
 
 
-def load_teacher(name_or_path: str, spec: TaskSpec) -> PreTrainedModel:
+def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) -> PreTrainedModel:
     """A fine-tuned sequence classifier for ``spec``, frozen and in eval mode.
+
+    Args:
+        name_or_path: hub name, folder, or alias.
+        spec: the task; its label names (in id order) are checked against the model's ``id2label``.
+        remap_labels: when the model names the task's labels in another order, reorder its output layer's rows so
+            that logit i is the task's class i (instead of raising).
 
     Raises:
         ModelError: the checkpoint has no trained classification head (a pre-trained encoder, or another head), its
-            number of labels differs from the task's, or its named labels are in another order.
+            number of labels differs from the task's, or its named labels are in another order (and
+            ``remap_labels`` is off, or they are not the task's labels at all).
     """
     config = load_config(name_or_path)
     architectures = config.architectures or []
@@ -67,7 +76,7 @@ def load_teacher(name_or_path: str, spec: TaskSpec) -> PreTrainedModel:
             f"teacher {name_or_path!r} has {config.num_labels} labels but task {spec.name} has {spec.num_labels} "
             f"({', '.join(spec.label_names) or 'regression'}); it was fine-tuned on another task"
         )
-    check_label_order(config.id2label, spec, name_or_path)
+    order = label_permutation(config.id2label, spec, name_or_path, remap_labels)
     model, info = AutoModelForSequenceClassification.from_pretrained(
         resolve_model(name_or_path), output_loading_info=True
     )
@@ -76,20 +85,64 @@ def load_teacher(name_or_path: str, spec: TaskSpec) -> PreTrainedModel:
             f"teacher {name_or_path!r} lacks weights {sorted(info['missing_keys'])[:4]}: it is not fine-tuned. "
             "Omit --teacher to fine-tune one, or give a fine-tuned checkpoint."
         )
+    if order is not None:
+        reorder_output_layer(model, order, spec)
+        logger.info("teacher %s: outputs reordered %s -> %s", name_or_path,
+                    [config.id2label[i] for i in sorted(config.id2label)], list(spec.label_names))
     return model.eval().requires_grad_(False)
 
 
-def check_label_order(id2label: dict, spec: TaskSpec, name: str) -> None:
-    """Raise when the model's named labels differ from the task's (generic LABEL_i names are accepted)."""
+def label_permutation(id2label: dict, spec: TaskSpec, name: str, remap: bool = False) -> list[int] | None:
+    """Check the model's named labels against the task's; generic ``LABEL_i`` names are accepted as they are.
+
+    Returns:
+        None when the order agrees; with ``remap``, the model's output index of each task class when the model has
+        the task's labels in another order.
+
+    Raises:
+        ModelError: the orders differ (both printed) and ``remap`` is off, or the names are not the task's labels.
+    """
     names = [str(id2label[i]).lower() for i in sorted(id2label)]
     if spec.is_regression or all(n.startswith("label_") for n in names):
-        return
+        return None
     expected = [n.lower() for n in spec.label_names]
-    if names != expected:
+    if names == expected:
+        return None
+    if sorted(names) != sorted(expected):
+        raise ModelError(
+            f"{name!r} labels are {names} but task {spec.name} has labels {expected}: it was fine-tuned on another "
+            "task or with other label names"
+        )
+    if not remap:
         raise ModelError(
             f"{name!r} labels are {names} but task {spec.name} expects {expected} in that order; a teacher with "
-            "another label order would distil wrong answers"
+            "another label order would distil wrong answers. Set teacher.remap_labels: true (--set "
+            "teacher.remap_labels=true) to reorder the teacher's outputs to the task's order."
         )
+    return [names.index(n) for n in expected]
+
+
+@torch.no_grad()
+def reorder_output_layer(model: PreTrainedModel, order: list[int], spec: TaskSpec) -> None:
+    """Permute the rows of a classifier's output layer so that new logit i is old logit ``order[i]``; the config's
+    ``id2label``/``label2id`` become the task's.
+
+    The output layer is the last ``nn.Linear`` with ``num_labels`` outputs (BERT ``classifier``, RoBERTa/ELECTRA
+    ``classifier.out_proj``).
+
+    Raises:
+        ModelError: no such layer.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(order)]
+    if not layers:
+        raise ModelError(f"cannot find the output layer of {type(model).__name__} to reorder its labels")
+    layer = layers[-1]
+    index = torch.tensor(order)
+    layer.weight.copy_(layer.weight[index])
+    if layer.bias is not None:
+        layer.bias.copy_(layer.bias[index])
+    model.config.id2label = dict(enumerate(spec.label_names))
+    model.config.label2id = {name: i for i, name in enumerate(spec.label_names)}
 
 
 def load_masked_lm(name_or_path: str) -> PreTrainedModel:
