@@ -234,3 +234,20 @@ def test_albert_settings_need_an_albert_student():
     with pytest.raises(ValueError, match="num_hidden_groups 3 must divide num_hidden_layers 4"):
         student_shape(StudentConfig(preset="albert-4l-312", num_hidden_groups=3))
     assert student_shape(StudentConfig(preset="albert-4l-312"))["embedding_size"] == 128
+
+
+def test_hub_splits_map_to_train_dev_and_mnli_mismatched(monkeypatch):
+    """The hub path (unreachable here) with datasets.load_dataset replaced by the hub's split and column layout."""
+    import datasets
+
+    def fake_load_dataset(name, config):
+        assert (name, config) == ("glue", "mnli")
+        split = lambda n: datasets.Dataset.from_dict({"premise": ["a"] * n, "hypothesis": ["b"] * n,
+                                                     "label": [2] * n, "idx": list(range(n))})
+        return datasets.DatasetDict(train=split(5), validation_matched=split(3), validation_mismatched=split(2),
+                                    test_matched=split(1))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    data = load_task_data(TaskConfig(name="mnli", source="hub"))
+    assert {k: len(v) for k, v in data.items()} == {"train": 5, "dev": 3, "dev_mismatched": 2}
+    assert data["dev"].column_names == ["premise", "hypothesis", "label"]
