@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -158,8 +160,6 @@ def _join_process_group() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _join_process_group()
-    from distill.config import load_config
-
     defaults = {"pipeline": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG, "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
@@ -177,6 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "augment":
         overrides["mlm.model"] = args.mlm
         overrides.update({f"augment.{key}": getattr(args, key) for _, key, _, _ in AUGMENT_FLAGS})
+    # SIGTERM stops cleanly, as Ctrl-C does (training loops finish their step and checkpoint first).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(args, config_file, overrides)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> int:
+    from distill.config import load_config
+
     try:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         overrides.update(set_overrides(args.set))  # explicit: null is a value here
@@ -186,6 +197,25 @@ def main(argv: list[str] | None = None) -> int:
     except KnownErrors() as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:
+        from distill.trainer import TrainingInterrupted
+
+        if isinstance(error, TrainingInterrupted):
+            print(f"interrupted: {error}", file=sys.stderr)
+            return 128 + error.signal_number
+        print("interrupted: finished stages, checkpoints and augmentation shards are kept; re-run the same command to "
+              "resume", file=sys.stderr)
+        return 130
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: the disk is full ({error.filename or error}): finished stages and the last checkpoint are kept; "
+              "free space and re-run the same command to resume", file=sys.stderr)
+        return 2
+
+
+def _interrupt(signal_number, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signal_number).name)
 
 
 def KnownErrors() -> tuple[type[Exception], ...]:

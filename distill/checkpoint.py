@@ -11,7 +11,9 @@ complete and is skipped on re-run.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -23,10 +25,22 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 STAGE_FILE = "stage.json"
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint or stage output is unreadable or belongs to another run."""
+    """A checkpoint or stage output is unreadable, cannot be written, or belongs to another run."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files are truncated or unreadable (an older good checkpoint may still be used)."""
+
+
+def disk_full_hint(error: OSError) -> str:
+    """Words for an OSError while writing: disk full / quota gets its own advice."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full; free space"
+    return f"{error.strerror or error}; fix that"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -48,30 +62,53 @@ def save_checkpoint(
     state: Any,
     rng: dict,
     extra: dict | None = None,
-    keep: int = 1,
+    keep: int = 2,
     config: dict | None = None,
 ) -> Path:
     """Write ``directory/step-{state.step:06d}`` atomically and keep the newest ``keep`` checkpoints.
 
-    ``extra`` holds other picklable training state (e.g. a streamed dataset's position); ``config`` (the training
-    settings) is written into ``state.json`` for people and tools reading the checkpoint."""
+    Two are kept by default, so that a newest checkpoint found corrupt on resume (a failing disk, a copy cut short)
+    still leaves a good one. ``extra`` holds other picklable training state (e.g. a streamed dataset's position);
+    ``config`` (the training settings) is written into ``state.json`` for people and tools reading the checkpoint.
+
+    Raises:
+        CheckpointError: the files could not be written (disk full, permissions); the partial folder is removed and
+            the earlier checkpoints are untouched.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-"))
-    weights = {k: v.detach().contiguous().cpu() for k, v in trainable.state_dict().items()}
-    save_file(_untie(weights), tmp / "trainable.safetensors")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, "extra": extra or {}},
-               tmp / "train.pt")
-    (tmp / "state.json").write_text(
-        json.dumps({"run_id": run_id, "state": dataclasses.asdict(state), "config": config}, indent=2, default=str),
-        encoding="utf-8",
-    )
+    try:
+        weights = {k: v.detach().contiguous().cpu() for k, v in trainable.state_dict().items()}
+        save_file(_untie(weights), tmp / "trainable.safetensors")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
+                    "extra": extra or {}}, tmp / "train.pt")
+        (tmp / "state.json").write_text(
+            json.dumps({"run_id": run_id, "state": dataclasses.asdict(state), "config": config}, indent=2, default=str),
+            encoding="utf-8",
+        )
+        _fsync_folder(tmp)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(directory)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {disk_full_hint(error)} and re-run the same command to resume ({kept})"
+        ) from error
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     for old in sorted(directory.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush every file of ``folder`` to disk before it is renamed into place (a power cut then leaves either the
+    old state or the whole new checkpoint)."""
+    for path in folder.iterdir():
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
 
 
 def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -87,10 +124,15 @@ def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def latest_checkpoint(directory: Path) -> Path | None:
     """Newest complete checkpoint folder in ``directory``, or None."""
-    if not directory.is_dir():
-        return None
-    found = sorted(p for p in directory.glob("step-*") if p.is_dir())
+    found = checkpoints(directory)
     return found[-1] if found else None
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoint folders in ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("step-*") if p.is_dir())
 
 
 def load_checkpoint(
@@ -98,15 +140,20 @@ def load_checkpoint(
 ) -> dict:
     """Restore a checkpoint into ``trainable``, ``optimizer`` and ``scheduler``; returns {"state", "rng", "extra"}.
 
+    Every file is read and checked before anything is restored, so a failed load leaves the objects untouched.
+
     Raises:
-        CheckpointError: the checkpoint is unreadable or was written by another run (a different config).
+        CorruptCheckpointError: a file is missing, truncated or unreadable.
+        CheckpointError: the checkpoint was written by another run (a different config).
     """
     try:
         meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
         weights = load_file(path / "trainable.safetensors")
         extra = torch.load(path / "train.pt", weights_only=False)
+        if "run_id" not in meta or not {"optimizer", "scheduler", "rng"} <= extra.keys():
+            raise KeyError("state.json or train.pt lacks the training state")
     except Exception as error:  # truncated or corrupt files of any kind
-        raise CheckpointError(f"checkpoint {path} is unreadable ({error}); delete it to restart that stage") from error
+        raise CorruptCheckpointError(f"checkpoint {path} is unreadable ({error.__class__.__name__}: {error})") from error
     if meta["run_id"] != run_id:
         raise CheckpointError(
             f"checkpoint {path} belongs to another run (run id {meta['run_id']}, this run {run_id}): the config "
@@ -116,6 +163,33 @@ def load_checkpoint(
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
     return {"state": meta["state"], "rng": extra["rng"], "extra": extra.get("extra", {})}
+
+
+def load_latest_good_checkpoint(
+    directory: Path, run_id: str, trainable: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> tuple[Path, dict] | None:
+    """Restore the newest readable checkpoint in ``directory``; corrupt newer ones are renamed ``corrupt-step-*``
+    (kept for inspection, never read again) with a warning that names them.
+
+    Returns:
+        (checkpoint folder, what :func:`load_checkpoint` returns), or None when there is no checkpoint.
+
+    Raises:
+        CheckpointError: a checkpoint belongs to another run, or every checkpoint is corrupt.
+    """
+    found = checkpoints(directory)
+    for path in reversed(found):
+        try:
+            return path, load_checkpoint(path, run_id, trainable, optimizer, scheduler)
+        except CorruptCheckpointError as error:
+            aside = path.with_name(f"corrupt-{path.name}")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(path, aside)
+            logger.warning("%s; moved to %s, trying the previous checkpoint", error, aside)
+    if found:
+        raise CheckpointError(f"every checkpoint in {directory} is unreadable (moved to corrupt-step-*); delete "
+                              f"{directory} to restart this stage from the beginning")
+    return None
 
 
 def stage_done(directory: Path, run_id: str) -> dict | None:

@@ -18,8 +18,10 @@ import json
 import logging
 import math
 import random
+import signal
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -35,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from distill.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from distill.checkpoint import CheckpointError, load_latest_good_checkpoint, save_checkpoint
 from distill.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,43 @@ logger = logging.getLogger(__name__)
 
 class NonFiniteLossError(RuntimeError):
     """A loss term became NaN or infinite; the last good checkpoint is kept."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped training after a finished step, and a checkpoint of that step was written.
+
+    Attributes:
+        signal_number: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
+    """
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.signal_number = signal_number
+
+
+@contextmanager
+def stop_on_signal():
+    """While active, SIGINT and SIGTERM set ``flag["signal"]`` instead of stopping the process, so the loop can finish
+    its step and checkpoint; a second signal interrupts at once. Outside the main thread (where handlers cannot be
+    set) the flag is never set. The previous handlers are restored on exit."""
+    flag: dict = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signal_number, frame):
+        if flag["signal"] is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signal_number).name}")
+        flag["signal"] = signal_number
+        logger.warning("%s received: finishing the current step and writing a checkpoint (send it again to stop at "
+                       "once)", signal.Signals(signal_number).name)
+
+    previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
 
 
 class EpochBatchSampler(Sampler[list[int]]):
@@ -139,6 +178,7 @@ def train(
     Raises:
         CheckpointError: a checkpoint in ``output_dir`` belongs to another run.
         NonFiniteLossError: a loss term became NaN or infinite (names step, term and batch).
+        TrainingInterrupted: SIGINT/SIGTERM arrived; the step in progress was finished and checkpointed.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -166,9 +206,9 @@ def train(
     model = accelerator.prepare_model(objective) if world > 1 else objective
 
     state = TrainState()
-    checkpoint = latest_checkpoint(output_dir / "checkpoints")
-    if checkpoint is not None:
-        saved = load_checkpoint(checkpoint, run_id, trainable, optimizer, scheduler)
+    restored = load_latest_good_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler)
+    if restored is not None:
+        checkpoint, saved = restored
         state = TrainState(**saved["state"])
         _set_rng_state(saved["rng"])
         data.resume(saved["extra"].get("data_state"), checkpoint)
@@ -180,10 +220,35 @@ def train(
     objective.train()
     if accelerator.log_with:
         accelerator.init_trackers("tensorboard", config={k: v for k, v in vars(config).items() if v is not None})
-    log_file = (output_dir / "log.jsonl").open("a", encoding="utf-8")
     progress = tqdm(total=steps, initial=state.step, desc=description, disable=not accelerator.is_main_process)
+    with (output_dir / "log.jsonl").open("a", encoding="utf-8") as log_file, stop_on_signal() as stop:
+        try:
+            _loop(model, trainable, optimizer, scheduler, data, state, steps, config, accelerator, log_file, progress,
+                  output_dir, run_id, description, stop)
+        finally:
+            progress.close()
+            for tracker in accelerator.trackers:  # not end_training(): that also ends the process group later stages use
+                tracker.finish()
+    return state
+
+
+def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: TrainState, steps: int,
+          config: TrainConfig, accelerator: Accelerator, log_file, progress, output_dir: Path, run_id: str,
+          description: str, stop: dict) -> None:
+    """Optimizer steps from ``state`` to ``steps``, logging and checkpointing; see :func:`train`."""
+    world = accelerator.num_processes
     accumulate = config.gradient_accumulation_steps
     window = {"start": time.perf_counter(), "samples": 0}
+
+    def checkpoint() -> Path:
+        extra = {"data_state": data.position(accelerator)}
+        path = output_dir / "checkpoints" / f"step-{state.step:06d}"
+        if accelerator.is_main_process:
+            save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state, _rng_state(),
+                            extra, config=dataclasses.asdict(config))
+        accelerator.wait_for_everyone()
+        return path
+
     micro = 0
     while state.step < steps:
         for batch in data.epoch(state.epoch, state.batch_in_epoch):
@@ -212,22 +277,28 @@ def train(
             progress.set_postfix({k: f"{v.item():.4f}" for k, v in terms.items()})
             if state.step % config.log_steps == 0 or state.step == steps:
                 _log(log_file, state, loss, terms, scheduler, window, accelerator)
-            if state.step % config.save_steps == 0 or state.step == steps:
-                extra = {"data_state": data.position(accelerator)}
-                if accelerator.is_main_process:
-                    save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state,
-                                    _rng_state(), extra, config=dataclasses.asdict(config))
-                accelerator.wait_for_everyone()
+            saved = state.step % config.save_steps == 0 or state.step == steps
+            if saved:
+                path = checkpoint()
+            if _stop_requested(stop, accelerator) and state.step < steps:
+                path = path if saved else checkpoint()
+                name = signal.Signals(stop["signal"] or signal.SIGTERM).name
+                raise TrainingInterrupted(
+                    f"{description}: stopped by {name} after step {state.step} of {steps}; checkpoint written to "
+                    f"{path}. Re-run the same command to resume from it.", stop["signal"] or signal.SIGTERM)
             if state.step >= steps:
                 break
         else:
             state.epoch += 1
             state.batch_in_epoch = 0
-    progress.close()
-    log_file.close()
-    for tracker in accelerator.trackers:  # not end_training(): that also ends the process group later stages use
-        tracker.finish()
-    return state
+
+
+def _stop_requested(stop: dict, accelerator: Accelerator) -> bool:
+    """Whether any process received SIGINT/SIGTERM (all processes agree, so they checkpoint and stop together)."""
+    if accelerator.num_processes == 1:
+        return stop["signal"] is not None
+    flag = torch.tensor([0.0 if stop["signal"] is None else 1.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
 
 
 def _allow_new_mixed_precision(mixed_precision: str) -> None:

@@ -116,13 +116,83 @@ def test_checkpoint_of_another_run_is_refused(tmp_path, tiny_tokenizer):
         train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run-b")
 
 
-def test_corrupt_checkpoint_is_reported(tmp_path, tiny_tokenizer):
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, tiny_tokenizer, caplog):
+    config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=2, log_steps=1, seed=5)
+    reference = _distill_objective()
+    train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
+    with pytest.raises(KeyboardInterrupt):
+        train(_distill_objective(), _data(), _Pad(tiny_tokenizer, fail_after=5), config, tmp_path / "b", "run")
+    folder = tmp_path / "b" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000002", "step-000004"]  # the newest two are kept
+    (folder / "step-000004" / "trainable.safetensors").write_bytes(b"truncated")
+    resumed = _distill_objective()
+    state = train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
+    assert state.step == 8
+    assert "step-000004 is unreadable" in caplog.text and "trying the previous checkpoint" in caplog.text
+    assert (folder / "corrupt-step-000004").is_dir()  # kept aside for inspection, never read again
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_every_checkpoint_corrupt_is_an_error_that_says_how_to_restart(tmp_path, tiny_tokenizer):
     config = TrainConfig(max_steps=2, batch_size=4, save_steps=1)
     train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
-    (tmp_path / "checkpoints" / "step-000002" / "trainable.safetensors").write_bytes(b"truncated")
-    with pytest.raises(CheckpointError, match="unreadable"):
+    for path in (tmp_path / "checkpoints").glob("step-*"):
+        (path / "state.json").write_text("{")
+    with pytest.raises(CheckpointError, match="every checkpoint in .* is unreadable .* delete"):
         train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), TrainConfig(max_steps=3, batch_size=4),
               tmp_path, "run")
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
+    import errno
+
+    import distill.checkpoint as checkpoint
+
+    config = TrainConfig(max_steps=4, batch_size=4, save_steps=1)
+    calls = {"n": 0}
+    real_save = checkpoint.save_file
+
+    def fill_disk_on_third_save(tensors, path):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_save(tensors, path)
+
+    monkeypatch.setattr(checkpoint, "save_file", fill_disk_on_third_save)
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step-000003: the disk is full; free space "
+                                              r"and re-run .*previous checkpoint .*step-000002 is intact"):
+        train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000001", "step-000002"]  # no .tmp
+    monkeypatch.setattr(checkpoint, "save_file", real_save)
+    state = train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
+    assert state.step == 4
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_path, tiny_tokenizer):
+    import os
+    import signal
+
+    from distill.trainer import TrainingInterrupted
+
+    config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=5)
+    reference = _distill_objective()
+    train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
+
+    class _SignalAfter(_Pad):
+        def __call__(self, rows):
+            if self.calls == 3:  # while the fourth batch is being made: the signal lands inside step 4
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().__call__(rows)
+
+    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGTERM after step 4 of 8; checkpoint written to "
+                                                  r".*step-000004. Re-run the same command"):
+        train(_distill_objective(), _data(), _SignalAfter(tiny_tokenizer), config, tmp_path / "b", "run")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the loop's handler is gone again
+    resumed = _distill_objective()
+    assert train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run").step == 8
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
 
 
 def test_non_finite_loss_names_step_and_term(tmp_path, tiny_tokenizer):
