@@ -148,8 +148,11 @@ def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
     if not path.is_file():
         raise DataError(f"{path} does not exist; a GLUE folder for {spec.name} holds {spec.train_file} and "
                         f"{', '.join([spec.dev_file, *(f for _, f, _ in spec.extra_dev)])}")
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise DataError(f"{path}: {_diagnose(path, error)}") from None
     if not rows:
         raise DataError(f"{path} is empty; a GLUE TSV file starts with a header line")
     if spec.header is not None:  # headerless format (CoLA)
@@ -345,6 +348,9 @@ def tokenize(
 ) -> datasets.Dataset:
     """Tokenize the task's text column(s); keeps ``label`` as ``labels``, drops the text.
 
+    Examples longer than ``max_seq_length`` tokens are truncated (pairs: the longer text first), and how many were is
+    logged, so a too-small ``task.max_seq_length`` is seen rather than silently costing accuracy.
+
     Returns:
         A Dataset with ``input_ids``, ``attention_mask`` (and ``token_type_ids`` for BERT) and ``labels``,
         unpadded (padding happens per batch in :func:`collator`).
@@ -352,10 +358,23 @@ def tokenize(
 
     def encode(batch: dict) -> dict:
         texts = [batch[c] for c in spec.text_columns]
-        return tokenizer(*texts, truncation=True, max_length=max_seq_length)
+        encoded = tokenizer(*texts, truncation=True, max_length=max_seq_length)
+        # Only rows that came out at the limit can have been cut: tokenize those again in full to tell.
+        full = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) == max_seq_length]
+        cut = set()
+        if full:
+            lengths = tokenizer(*[[t[i] for i in full] for t in texts], truncation=False)["input_ids"]
+            cut = {i for i, ids in zip(full, lengths) if len(ids) > max_seq_length}
+        encoded["truncated"] = [i in cut for i in range(len(encoded["input_ids"]))]
+        return encoded
 
     drop = [c for c in dataset.column_names if c not in ("label", "teacher_logits")]
     encoded = dataset.map(encode, batched=True, remove_columns=drop, desc="tokenize")
+    num_truncated = int(sum(encoded["truncated"])) if len(encoded) else 0
+    if num_truncated:
+        logger.warning("%d of %d examples are longer than max_seq_length = %d tokens and were truncated; raise "
+                       "task.max_seq_length to keep more of them", num_truncated, len(encoded), max_seq_length)
+    encoded = encoded.remove_columns("truncated")
     if "label" in encoded.column_names:
         encoded = encoded.rename_column("label", "labels")
     return encoded

@@ -48,7 +48,7 @@ from teachers import (
     load_tokenizer,
 )
 from teachers.mlm import corpus_files
-from teachers.models import load_config as load_model_config
+from teachers.models import check_teacher_config, load_config as load_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +254,42 @@ def preflight(config: PipelineConfig) -> None:
             student_shape(config.student)
         except ValueError as error:
             raise ConfigError(f"student: {error}") from None
+    check_student_fits_teacher(config)
+
+
+def check_student_fits_teacher(config: PipelineConfig) -> None:
+    """The student's depth, heads and initialisation against the teacher's config (read from the given teacher or
+    the base model to fine-tune; no weights loaded).
+
+    Raises:
+        ConfigError: the layer map cannot be built (a student deeper than the teacher, a bad explicit map), the
+            student's head count does not divide the teacher's while the attention loss is on, or ``init: teacher``
+            with sizes that differ; each names the field to change.
+        ModelError: the teacher or student checkpoint cannot be found.
+    """
+    teacher = load_model_config(config.teacher.model or config.teacher.base_model)
+    if config.teacher.model is not None:
+        check_teacher_config(teacher, task_spec(config.task), config.teacher.model, config.teacher.remap_labels)
+    if config.student.model is not None:
+        student = load_model_config(config.student.model)
+        layers, heads, hidden = student.num_hidden_layers, student.num_attention_heads, student.hidden_size
+    else:
+        shape = student_shape(config.student)
+        layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
+    try:
+        build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)
+    except ValueError as error:
+        raise ConfigError(f"distill.layer_map / student.num_hidden_layers: {error}") from None
+    if config.distill.weights.get("attention", 1.0) > 0 and teacher.num_attention_heads % heads:
+        raise ConfigError(
+            f"student.num_attention_heads: the teacher has {teacher.num_attention_heads} heads and the student {heads}; "
+            "the attention loss averages teacher heads in equal groups, so the student's count must divide the "
+            f"teacher's (e.g. {', '.join(str(d) for d in range(1, teacher.num_attention_heads + 1) if not teacher.num_attention_heads % d)}), "
+            "or set distill.weights.attention: 0"
+        )
+    if config.student.model is None and config.student.init == "teacher" and hidden != teacher.hidden_size:
+        raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
+                          f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")
 
 
 def _teacher_and_data(config: PipelineConfig) -> tuple:

@@ -65,18 +65,7 @@ def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) 
             ``remap_labels`` is off, or they are not the task's labels at all).
     """
     config = load_config(name_or_path)
-    architectures = config.architectures or []
-    if not any(a.endswith("ForSequenceClassification") for a in architectures):
-        raise ModelError(
-            f"teacher {name_or_path!r} is not a fine-tuned sequence classifier (architectures: {architectures or 'none'}). "
-            "Give a checkpoint fine-tuned on the task, or omit --teacher to fine-tune one from teacher.base_model."
-        )
-    if config.num_labels != spec.num_labels:
-        raise ModelError(
-            f"teacher {name_or_path!r} has {config.num_labels} labels but task {spec.name} has {spec.num_labels} "
-            f"({', '.join(spec.label_names) or 'regression'}); it was fine-tuned on another task"
-        )
-    order = label_permutation(config.id2label, spec, name_or_path, remap_labels)
+    order = check_teacher_config(config, spec, name_or_path, remap_labels)
     model, info = AutoModelForSequenceClassification.from_pretrained(
         resolve_model(name_or_path), output_loading_info=True
     )
@@ -90,6 +79,29 @@ def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) 
         logger.info("teacher %s: outputs reordered %s -> %s", name_or_path,
                     [config.id2label[i] for i in sorted(config.id2label)], list(spec.label_names))
     return model.eval().requires_grad_(False)
+
+
+def check_teacher_config(config, spec: TaskSpec, name: str, remap_labels: bool = False) -> list[int] | None:
+    """Check a teacher's config before loading its weights: a sequence classifier with the task's labels.
+
+    Returns:
+        The label reordering to apply (see :func:`label_permutation`), or None.
+
+    Raises:
+        ModelError: not a sequence classifier, another number of labels, or labels in another order.
+    """
+    architectures = config.architectures or []
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ModelError(
+            f"teacher {name!r} is not a fine-tuned sequence classifier (architectures: {architectures or 'none'}). "
+            "Give a checkpoint fine-tuned on the task, or omit --teacher to fine-tune one from teacher.base_model."
+        )
+    if config.num_labels != spec.num_labels:
+        raise ModelError(
+            f"teacher {name!r} has {config.num_labels} labels but task {spec.name} has {spec.num_labels} "
+            f"({', '.join(spec.label_names) or 'regression'}); it was fine-tuned on another task"
+        )
+    return label_permutation(config.id2label, spec, name, remap_labels)
 
 
 def label_permutation(id2label: dict, spec: TaskSpec, name: str, remap: bool = False) -> list[int] | None:

@@ -1,0 +1,145 @@
+"""Bad input of every kind gets an error that names what is wrong and how to fix it; property tests over the data
+readers and the augmenter (arbitrary Unicode never crashes them, output rows keep their label and columns)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import datasets
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from augment.dataset import augment_examples
+from distill.config import AugmentConfig, TaskConfig
+from distill.data import DataError, get_task, load_task_data, read_glue_tsv, read_table, tokenize
+
+# Texts a TSV line can hold: anything but the tab and line breaks that delimit it (and NUL, which text files lack).
+TSV_TEXT = st.text(st.characters(blacklist_characters="\t\n\r\x00", blacklist_categories=("Cs",)), max_size=40)
+ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def test_non_utf8_bytes_in_a_glue_file_name_the_line(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_bytes(b"sentence\tlabel\nfine\t1\nna\xefve caf\xe9\t0\n")
+    with pytest.raises(DataError, match=r"train.tsv: line 3 is not valid UTF-8; re-save the file as UTF-8"):
+        read_glue_tsv(path, get_task("sst2"))
+
+
+def test_long_texts_are_truncated_and_counted(tiny_tokenizer, caplog):
+    data = datasets.Dataset.from_dict({"sentence": ["the movie was good"] + ["the movie " * 40] * 2, "label": [1, 0, 1]})
+    with caplog.at_level(logging.WARNING):
+        encoded = tokenize(data, tiny_tokenizer, get_task("sst2"), max_seq_length=16)
+    assert [len(ids) for ids in encoded["input_ids"]] == [6, 16, 16]
+    assert "2 of 3 examples are longer than max_seq_length = 16 tokens and were truncated" in caplog.text
+
+
+@PROPERTY
+@given(rows=st.lists(st.tuples(TSV_TEXT, st.integers(0, 1)), min_size=1, max_size=8))
+def test_glue_tsv_reader_keeps_any_text_and_label(tmp_path_factory, rows):
+    path = tmp_path_factory.mktemp("tsv") / "train.tsv"
+    path.write_text("sentence\tlabel\n" + "".join(f"{text}\t{label}\n" for text, label in rows), encoding="utf-8")
+    data = read_glue_tsv(path, get_task("sst2"))
+    assert data["sentence"] == [text for text, _ in rows] and data["label"] == [label for _, label in rows]
+
+
+@PROPERTY
+@given(rows=st.lists(st.tuples(ANY_TEXT, st.sampled_from(["neg", "pos"])), min_size=1, max_size=8))
+def test_csv_and_jsonl_readers_keep_any_text_and_label(tmp_path_factory, rows):
+    import csv
+    import json
+
+    folder = tmp_path_factory.mktemp("table")
+    with (folder / "train.csv").open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t, "label": l}) + "\n" for t, l in rows),
+                                        encoding="utf-8")
+    for name in ("train.csv", "train.jsonl"):
+        config = TaskConfig(name="mine", train_file=str(folder / name), dev_file=str(folder / name),
+                            text_columns=["text"], label_names=["neg", "pos"])
+        data = load_task_data(config)["train"]
+        # CSV cannot tell an empty field from a missing one: an empty text comes back as "".
+        assert data["text"] == [t for t, _ in rows], name
+        assert data["label"] == [["neg", "pos"].index(l) for _, l in rows], name
+
+
+@pytest.fixture(scope="module")
+def generator():
+    from conftest import tiny_generator
+
+    return tiny_generator()
+
+
+@PROPERTY
+@given(first=st.lists(ANY_TEXT, min_size=1, max_size=4), second=st.lists(ANY_TEXT, min_size=4, max_size=4))
+def test_augmenter_never_crashes_and_keeps_labels_and_columns(generator, first, second):
+    examples = [{"sentence1": a, "sentence2": b, "label": i % 2, "id": f"ex{i}"}
+                for i, (a, b) in enumerate(zip(first, second))]
+    config = AugmentConfig(num_copies=3, replace_prob=0.5, num_candidates=3)
+    rows = augment_examples(examples, list(range(len(examples))), ("sentence1", "sentence2"), generator, config)
+    for row in rows:
+        source = examples[row["source_index"]]
+        assert set(row) == {"sentence1", "sentence2", "label", "id", "source_index", "is_augmented"}
+        assert row["label"] == source["label"] and row["id"] == source["id"]
+    assert [r for r in rows if not r["is_augmented"]] == [
+        {**e, "source_index": i, "is_augmented": False} for i, e in enumerate(examples)]
+
+
+@pytest.fixture
+def tiny_teacher_dir(tmp_path, tiny_tokenizer):
+    from conftest import tiny_bert
+
+    folder = tmp_path / "teacher"
+    tiny_bert(id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1}).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("settings_, message", [
+    (["student.preset=null", "student.num_hidden_layers=3", "student.hidden_size=16", "student.intermediate_size=32",
+      "student.num_attention_heads=2"],
+     r"distill.layer_map / student.num_hidden_layers: the student has 3 layers and the teacher 2: a student deeper "
+     r"than its teacher cannot be mapped"),
+    (["student.preset=null", "student.num_hidden_layers=2", "student.hidden_size=24", "student.intermediate_size=32",
+      "student.num_attention_heads=3"],
+     r"student.num_attention_heads: the teacher has 4 heads and the student 3; .* must divide the teacher's "
+     r"\(e.g. 1, 2, 4\), or set distill.weights.attention: 0"),
+    (["student.init=teacher", "student.preset=null", "student.num_hidden_layers=2", "student.hidden_size=16",
+      "student.intermediate_size=32", "student.num_attention_heads=2"],
+     r"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size \(32\), the student has 16"),
+    (["distill.layer_map=[1, 3]", "student.preset=null", "student.num_hidden_layers=2", "student.hidden_size=16",
+      "student.intermediate_size=32", "student.num_attention_heads=2"],
+     r"layer_map entries \[3\] are outside the teacher's layers 1..2"),
+    (["distill.temperature=-1"], r"distill.temperature: must be > 0, got -1.0"),
+    (["augment.replace_prob=1.5"], r"augment.replace_prob: must be in \[0, 1\], got 1.5"),
+    (["distill.intermediate.batch_size=many"], r"distill.intermediate.batch_size: expected int, got 'many'"),
+    (["distill.tempreature=2"], r"unknown config key distill.tempreature; DistillConfig accepts: layer_map"),
+    (["student.preset=huge"], r"student: unknown student preset 'huge'; presets: tinybert-4l-312"),
+])
+def test_bad_model_and_config_settings_stop_before_any_work(tmp_path, tiny_teacher_dir, capsys, settings_, message):
+    import run_distill
+
+    out = tmp_path / "run"
+    args = ["pipeline", "--teacher", str(tiny_teacher_dir), "--output-dir", str(out), "--set", "augment.enabled=false"]
+    for setting in settings_:
+        args += ["--set", setting]
+    assert run_distill.main(args) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "Traceback" not in error
+    assert re.search(message, error), error
+    assert not (out / "teacher").exists()  # nothing was started
+
+
+def test_a_masked_lm_given_as_teacher_is_the_wrong_kind(tmp_path, tiny_tokenizer, capsys):
+    import run_distill
+    from conftest import tiny_masked_lm
+
+    tiny_masked_lm().save_pretrained(tmp_path / "mlm")
+    tiny_tokenizer.save_pretrained(tmp_path / "mlm")
+    assert run_distill.main(["pipeline", "--teacher", str(tmp_path / "mlm"), "--output-dir", str(tmp_path / "run"),
+                             "--set", "augment.enabled=false"]) == 2
+    assert "is not a fine-tuned sequence classifier (architectures: ['BertForMaskedLM'])" in capsys.readouterr().err
