@@ -78,6 +78,48 @@ class CaptureError(RuntimeError):
     """The model cannot be captured for distillation (its attention does not dispatch through the interface)."""
 
 
+# Families tested as teachers and students (tests/test_families.py); any other encoder whose attention dispatches
+# through the attention interface passes the capture check too.
+SUPPORTED = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "ernie")
+# Not BERT-style encoders: no per-layer attention maps over one token sequence to match (decoders, encoder-decoders,
+# recurrence-memory models), or attention outside the interface (DeBERTa's disentangled attention, MPNet's relative
+# bias). Refused for intermediate-layer distillation with this message; the prediction step alone works for them.
+NOT_CAPTURABLE = {
+    "xlnet": "a permutation-LM with two-stream attention",
+    "transfo-xl": "a recurrence-memory decoder",
+    "gpt2": "a decoder (causal attention)",
+    "openai-gpt": "a decoder (causal attention)",
+    "t5": "an encoder-decoder",
+    "mt5": "an encoder-decoder",
+    "bart": "an encoder-decoder",
+    "deberta": "its disentangled attention does not dispatch through the attention interface",
+    "deberta-v2": "its disentangled attention does not dispatch through the attention interface",
+    "mpnet": "its relative-position attention does not dispatch through the attention interface",
+}
+LOGIT_ONLY_HINT = ("Logit-only distillation (the prediction step alone) still works for it: set distill.weights: "
+                   "{embedding: 0, hidden: 0, attention: 0} and a student of a supported family (student.model_type: "
+                   "bert) that shares the teacher's tokenizer.")
+
+
+def capture_support(config) -> str | None:
+    """Why a model type cannot be distilled layer by layer (None when it may be: the probe in
+    :func:`check_capture` decides for types not listed). Reads the config only.
+
+    Args:
+        config: a `transformers` config.
+    """
+    model_type = getattr(config, "model_type", None)
+    if model_type in NOT_CAPTURABLE:
+        reason = NOT_CAPTURABLE[model_type]
+    elif getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+        reason = "an encoder-decoder or decoder"
+    else:
+        return None
+    return (f"model type {model_type!r} is not a BERT-style encoder ({reason}): its hidden states and attention "
+            f"scores cannot be matched layer by layer. Supported: {', '.join(SUPPORTED)} and other encoders whose "
+            f"attention dispatches through the transformers attention interface. {LOGIT_ONLY_HINT}")
+
+
 def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False) -> nn.Module:
     """Switch ``model`` to the score-returning attention; ``output_attentions=True`` then gives pre-softmax scores.
 
@@ -145,8 +187,10 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
     outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=attentions)
     returned = tuple(outputs.attentions or ())
     captured = getattr(model, "captured_layers", None)
-    if returned and captured is not None and len(captured) < model.config.num_hidden_layers:
-        by_layer = dict(zip(captured, returned))  # transformers leaves out the layers that returned no scores
+    if returned and captured is not None and len(returned) == len(captured) < model.config.num_hidden_layers:
+        # transformers leaves out the layers that returned no scores. (Models whose layers share one attention module,
+        # as ALBERT's, cannot switch capture per layer: every layer returns scores and nothing is left out.)
+        by_layer = dict(zip(captured, returned))
         returned = tuple(by_layer.get(i) for i in range(model.config.num_hidden_layers))
     return ModelOutputs(
         logits=getattr(outputs, "logits", None),
@@ -154,3 +198,79 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
         attentions=returned,
         attention_mask=batch["attention_mask"],
     )
+
+
+@torch.no_grad()
+def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False, role: str = "model") -> None:
+    """Enable score capture on ``model`` and check it on a probe batch, once, before any training.
+
+    The model runs the probe with ``attn_implementation="eager"`` (its standard output: hidden states, attention
+    probabilities, logits), then with capture on. The captured run must return L + 1 hidden states of shape
+    (B, T, H), an attention map (B, A, T, T) for every captured layer whose softmax (padding masked) equals the eager
+    probabilities, and the eager logits (exactly for eager capture, to float rounding for fused).
+
+    Args:
+        model: a `transformers` encoder (classifier or bare).
+        layers, fused: as :func:`enable_score_capture`.
+        role: "teacher" or "student", for the message.
+
+    Raises:
+        CaptureError: the family is not a BERT-style encoder (see :func:`capture_support`), or the probe found
+            something missing or different; the message names the model type and what.
+    """
+    config = model.config
+    model_type = getattr(config, "model_type", type(model).__name__)
+    reason = capture_support(config)
+    if reason is not None:
+        raise CaptureError(f"{role}: {reason}")
+    was_training = model.training
+    model.eval()
+    probe = _probe_batch(config, next(model.parameters()).device)
+    try:
+        model.set_attn_implementation("eager")
+    except (ValueError, KeyError, AttributeError):
+        pass  # enable_score_capture below gives the message
+    reference = model(**probe, output_hidden_states=True, output_attentions=True)
+    enable_score_capture(model, layers, fused)
+    captured = run_model(model, probe)
+    model.train(was_training)
+
+    def fail(what: str):
+        raise CaptureError(f"{role}: model type {model_type!r} cannot be distilled layer by layer: {what}. Supported: "
+                           f"{', '.join(SUPPORTED)} and other encoders whose attention dispatches through the "
+                           f"transformers attention interface. {LOGIT_ONLY_HINT}")
+
+    num_layers, hidden = config.num_hidden_layers, config.hidden_size
+    shape = tuple(probe["input_ids"].shape)
+    if len(captured.hidden_states) != num_layers + 1:
+        fail(f"it returns {len(captured.hidden_states)} hidden states, expected {num_layers + 1} (embeddings + "
+             f"{num_layers} layers)")
+    if any(tuple(h.shape) != (*shape, hidden) for h in captured.hidden_states):
+        fail(f"hidden states of shape {[tuple(h.shape) for h in captured.hidden_states]}, expected {(*shape, hidden)}")
+    wanted = range(num_layers) if layers is None else sorted(set(layers))
+    mask = probe["attention_mask"].bool()[:, None, None, :]
+    for i in wanted:
+        scores = captured.attentions[i] if i < len(captured.attentions) else None
+        if scores is None:
+            fail(f"no attention scores for layer {i + 1}")
+        if scores.shape[0] != shape[0] or scores.shape[-2:] != (shape[1], shape[1]):
+            fail(f"attention scores of layer {i + 1} have shape {tuple(scores.shape)}, expected (B, A, T, T)")
+        probs = torch.softmax(scores.float().masked_fill(~mask, torch.finfo(torch.float32).min), dim=-1)
+        expected = reference.attentions[i].float()
+        if probs.shape != expected.shape or not torch.allclose(probs, expected, atol=1e-4):
+            fail(f"layer {i + 1} returns attention that is not the pre-softmax scores QK^T/sqrt(d) of its eager "
+                 "attention (its attention does not go through the attention interface)")
+    if getattr(reference, "logits", None) is not None:
+        tolerance = 1e-4 if fused else 1e-6
+        if not torch.allclose(captured.logits, reference.logits, atol=tolerance):
+            fail(f"its logits with capture differ from eager ones by {float((captured.logits - reference.logits).abs().max()):.2e}")
+
+
+def _probe_batch(config, device) -> dict:
+    """Two sequences of 8 tokens, the second with 3 padding positions; ids drawn from a fixed generator."""
+    generator = torch.Generator().manual_seed(0)
+    low = min(5, config.vocab_size - 1)
+    ids = torch.randint(low, config.vocab_size, (2, 8), generator=generator)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from distill.capture import enable_score_capture, run_model
+from distill.capture import CaptureError, capture_support, check_capture, run_model
 from distill.losses import attention_loss, hidden_loss, prediction_loss
 
 INTERMEDIATE_TERMS = ("embedding", "hidden", "attention")
@@ -118,8 +118,12 @@ class DistillationObjective(nn.Module):
         self.needs_intermediate = any(t in self.terms for t in INTERMEDIATE_TERMS)
         if "attention" in self.terms:
             # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only.
-            enable_score_capture(teacher, [g - 1 for g in self.layer_map], fused=True)
-            enable_score_capture(student)
+            check_capture(teacher, [g - 1 for g in self.layer_map], fused=True, role="teacher")
+            check_capture(student, role="student")
+        elif self.needs_intermediate:  # hidden states only: still refuse models that cannot be matched layer by layer
+            for role, model in (("teacher", teacher), ("student", student)):
+                if (reason := capture_support(model.config)) is not None:
+                    raise CaptureError(f"{role}: {reason}")
         self.trainable = nn.ModuleDict(
             {"student": student, "projections": self._projections(student, teacher, share_projection)}
         )

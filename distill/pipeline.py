@@ -19,7 +19,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification, set_seed
+from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
 
 from augment import (
     augment_dataset,
@@ -29,6 +29,7 @@ from augment import (
     load_shards,
     load_stopwords,
 )
+from distill.capture import CaptureError, capture_support
 from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, fingerprint, to_dict
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
@@ -141,6 +142,12 @@ def _student_layers(config: PipelineConfig) -> int:
     return student_shape(config.student)["num_hidden_layers"]
 
 
+def intermediate_terms(weights: dict[str, float]) -> dict[str, float]:
+    """The intermediate step's loss terms with their weights (default 1); terms weighted 0 are left out."""
+    terms = {t: weights.get(t, 1.0) for t in ("embedding", "hidden", "attention")}
+    return {t: w for t, w in terms.items() if w > 0}
+
+
 def _distill_step(
     name: str, config: PipelineConfig, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
     terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str,
@@ -148,7 +155,7 @@ def _distill_step(
     """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
     layer_map = build_layer_map(
         config.distill.layer_map, teacher.config.num_hidden_layers, student.config.num_hidden_layers
-    )
+    ) if name == "intermediate" else list(range(1, student.config.num_hidden_layers + 1))  # unused by logits alone
     objective = DistillationObjective(
         teacher, student, terms, layer_map, config.distill.share_projection, config.distill.temperature,
         config.distill.temperature_squared, config.distill.hard_label_weight, spec.is_regression,
@@ -181,14 +188,21 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     if stage_done(step1, run1) is None:
         _banner("task distillation, intermediate step", step1)
         teacher = load_teacher(str(teacher_dir), spec)
-        layer_map = build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
+        layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
+                     if intermediate_terms(config.distill.weights) else None)
         set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
         student = _student(config, teacher, tokenizer, layer_map)
-        terms = {t: weights.get(t, 1.0) for t in ("embedding", "hidden", "attention")}
-        objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
-                                  config.distill.intermediate, step1, run1)
-        save_projections(objective, step1)
-        mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map]})
+        terms = intermediate_terms(config.distill.weights)
+        if not terms:  # logit-only distillation: the student goes straight to the prediction step
+            logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
+            student.save_pretrained(step1)
+            tokenizer.save_pretrained(step1)
+            mark_stage_done(step1, run1, {"layer_map": None, "skipped": True})
+        else:
+            objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
+                                      config.distill.intermediate, step1, run1)
+            save_projections(objective, step1)
+            mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map]})
 
     final = student_dir / "student"
     run2 = fingerprint(run1, config.distill.prediction, config.distill.temperature, config.distill.temperature_squared,
@@ -273,9 +287,16 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
     if config.student.model is not None:
         student = load_model_config(config.student.model)
         layers, heads, hidden = student.num_hidden_layers, student.num_attention_heads, student.hidden_size
+        student_type = student.model_type
     else:
         shape = student_shape(config.student)
         layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
+        student_type = shape.get("model_type", teacher.model_type)
+    if not intermediate_terms(config.distill.weights):
+        return  # logit-only: any teacher family, no layer map
+    for role, model_config in (("teacher", teacher), ("student", AutoConfig.for_model(student_type))):
+        if (reason := capture_support(model_config)) is not None:
+            raise CaptureError(f"{role}: {reason}")
     try:
         build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)
     except ValueError as error:

@@ -32,6 +32,9 @@ PRESETS: dict[str, dict[str, int]] = {
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
 ALBERT_FIELDS = ("embedding_size", "num_hidden_groups")
 # Config fields a student of another family takes from the teacher: vocabulary, positions, token types, labels.
+# Config fields a family names differently from BERT (DistilBERT's FFN size is ``hidden_dim``; its attribute_map
+# covers hidden_size, num_hidden_layers and num_attention_heads itself).
+FIELD_NAMES = {"distilbert": {"intermediate_size": "hidden_dim"}}
 SHARED_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id", "layer_norm_eps",
                  "hidden_act", "num_labels", "id2label", "label2id", "problem_type")
 
@@ -78,12 +81,15 @@ def student_config(teacher_config: PretrainedConfig, shape: dict) -> PretrainedC
     (``shape["model_type"]``), that family's config with the teacher's vocabulary, positions and labels."""
     shape = dict(shape)
     model_type = shape.pop("model_type", teacher_config.model_type)
+    names = FIELD_NAMES.get(model_type, {})
+    shape = {names.get(key, key): value for key, value in shape.items()}
     if model_type == teacher_config.model_type:
         config = copy.deepcopy(teacher_config)
         for key, value in shape.items():
             setattr(config, key, value)
     else:
         shared = {k: copy.deepcopy(getattr(teacher_config, k)) for k in SHARED_FIELDS if hasattr(teacher_config, k)}
+        shared["type_vocab_size"] = max(1, shared.get("type_vocab_size", 1) or 1)  # DeBERTa-v2 and others have 0
         config = AutoConfig.for_model(model_type, **shared, **shape)
     config.architectures = None
     return config
@@ -112,6 +118,11 @@ def build_student(
         init_embeddings_from_teacher(model, teacher)
     logger.info("student: %s, %.1fM parameters, init %s", shape, model.num_parameters() / 1e6, config.init)
     return model
+
+
+def config_value(config: PretrainedConfig, key: str):
+    """A BERT-named config field of any family (``intermediate_size`` is DistilBERT's ``hidden_dim``)."""
+    return getattr(config, FIELD_NAMES.get(config.model_type, {}).get(key, key), None)
 
 
 def principal_basis(matrix: torch.Tensor, size: int) -> torch.Tensor:
@@ -171,16 +182,18 @@ def init_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_
             f"{student.config.model_type}, the teacher {teacher.config.model_type}. Use init teacher_embeddings or random"
         )
     for key in ("hidden_size", "intermediate_size"):
-        if getattr(student.config, key) != getattr(teacher.config, key):
+        if config_value(student.config, key) != config_value(teacher.config, key):
             raise ValueError(
-                f"student.init 'teacher' needs the teacher's {key} ({getattr(teacher.config, key)}), the student has "
-                f"{getattr(student.config, key)}; use init 'random' or the teacher's sizes"
+                f"student.init 'teacher' needs the teacher's {key} ({config_value(teacher.config, key)}), the student "
+                f"has {config_value(student.config, key)}; use init 'random' or the teacher's sizes"
             )
     teacher_state = teacher.state_dict()
     teacher_names = _relative_names(teacher)
     state = {}
     for name, full_name in _relative_names(student).items():
-        source = re.sub(r"^encoder\.layer\.(\d+)\.", lambda m: f"encoder.layer.{layer_map[int(m.group(1))] - 1}.", name)
+        # Layer i of the student <- layer g(i+1) of the teacher (BERT-style "encoder.layer.i", DistilBERT "transformer.layer.i").
+        source = re.sub(r"^(encoder|transformer)\.layer\.(\d+)\.",
+                        lambda m: f"{m.group(1)}.layer.{layer_map[int(m.group(2))] - 1}.", name)
         if source in teacher_names:
             state[full_name] = teacher_state[teacher_names[source]]
     student.load_state_dict(state, strict=False)

@@ -1,0 +1,153 @@
+"""Teachers of every supported encoder family, students of another family, and a clear refusal for the rest.
+
+Each family is a tiny randomly initialised classifier saved to disk and loaded back by the normal loading code, then
+distilled through the real pipeline for a few steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+import run_distill
+from distill.capture import CaptureError, check_capture
+from glue_fixtures import write_glue_folder
+
+LABELS = {"id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=64)
+FAMILIES = {  # model type: config overrides beyond SIZES
+    "bert": {},
+    "roberta": {"type_vocab_size": 1, "pad_token_id": 1, "max_position_embeddings": 70},
+    "albert": {"embedding_size": 16},
+    "electra": {"embedding_size": 16},
+    "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64},
+    "ernie": {},
+}
+
+
+def _classifier(model_type: str, vocab_size: int, **overrides):
+    sizes = {} if model_type == "distilbert" else SIZES
+    config = AutoConfig.for_model(model_type, vocab_size=vocab_size, num_labels=2, **LABELS,
+                                  **{**sizes, **FAMILIES.get(model_type, {}), **overrides})
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+def _job(tmp_path, teacher, tokenizer, student: dict | None = None, distill: dict | None = None) -> list[str]:
+    folder = tmp_path / "teacher_model"
+    teacher.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 2, "log_steps": 1}
+    config = {
+        "output_dir": str(tmp_path / "run"),
+        "task": {"name": "sst2", "data_dir": str(write_glue_folder(tmp_path, "sst2")), "max_seq_length": 32},
+        "teacher": {"model": str(folder), "min_dev_metric": -1.0},
+        "augment": {"enabled": False},
+        "student": {"preset": None, "num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32,
+                    "num_attention_heads": 2, "init": "teacher_embeddings", **(student or {})},
+        "distill": {"intermediate": steps, "prediction": steps, **(distill or {})},
+        "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    return ["pipeline", "--config", str(tmp_path / "job.yaml")]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_supported_family_distils_as_teacher_into_its_own_family(tmp_path, family, tiny_tokenizer,
+                                                                       tiny_roberta_tokenizer):
+    tokenizer = tiny_roberta_tokenizer if family == "roberta" else tiny_tokenizer
+    teacher = _classifier(family, len(tokenizer))
+    assert run_distill.main(_job(tmp_path, teacher, tokenizer)) == 0
+    out = tmp_path / "run"
+    log = [json.loads(line) for line in (out / "student_intermediate" / "log.jsonl").read_text().splitlines()]
+    assert {"loss/embedding", "loss/hidden", "loss/attention"} <= set(log[-1])
+    student = AutoModelForSequenceClassification.from_pretrained(out / "student").eval()
+    assert student.config.model_type == family
+    assert student.config.hidden_size == 16 and student.config.num_hidden_layers == 2
+    ffn = student.config.hidden_dim if family == "distilbert" else student.config.intermediate_size
+    assert ffn == 32  # DistilBERT names its FFN size hidden_dim: the student's shape must reach it
+    batch = tokenizer(["the movie was good", "a bad film"], padding=True, return_tensors="pt")
+    batch.pop("token_type_ids", None)
+    assert student(**batch).logits.shape == (2, 2)
+
+
+def test_electra_teacher_distils_into_a_bert_student(tmp_path, tiny_tokenizer):
+    """Same WordPiece vocabulary, another family: the student is a BERT model with the teacher's vocabulary."""
+    teacher = _classifier("electra", len(tiny_tokenizer))
+    assert run_distill.main(_job(tmp_path, teacher, tiny_tokenizer, student={"model_type": "bert"})) == 0
+    student = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "student")
+    assert student.config.model_type == "bert" and student.config.vocab_size == len(tiny_tokenizer)
+    assert student.config.id2label == {0: "negative", 1: "positive"}
+
+
+def test_distilbert_teacher_layers_copy_into_a_distilbert_student(tiny_tokenizer):
+    from distill.config import StudentConfig
+    from students import build_student
+
+    teacher = _classifier("distilbert", len(tiny_tokenizer), n_layers=4)
+    student = build_student(teacher, StudentConfig(preset=None, num_hidden_layers=2, hidden_size=32,
+                                                   intermediate_size=64, num_attention_heads=4, init="teacher"), [2, 4])
+    for i, g in enumerate([2, 4]):
+        assert torch.equal(student.distilbert.transformer.layer[i].ffn.lin1.weight,
+                           teacher.distilbert.transformer.layer[g - 1].ffn.lin1.weight)
+
+
+@pytest.mark.parametrize("family, reason", [
+    ("xlnet", "a permutation-LM with two-stream attention"),
+    ("gpt2", "a decoder (causal attention)"),
+    ("t5", "an encoder-decoder"),
+    ("deberta-v2", "its disentangled attention does not dispatch through the attention interface"),
+])
+def test_families_that_are_not_bert_style_encoders_are_refused_before_any_work(tmp_path, family, reason, capsys,
+                                                                               tiny_tokenizer):
+    config = AutoConfig.for_model(family, num_labels=2, **LABELS)
+    config.architectures = [f"{family.title()}ForSequenceClassification"]
+    folder = tmp_path / "teacher_model"
+    config.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    args = ["pipeline", "--teacher", str(folder), "--output-dir", str(tmp_path / "run"), "--set", "augment.enabled=false"]
+    assert run_distill.main(args) == 2
+    error = capsys.readouterr().err
+    assert f"error: teacher: model type '{family}' is not a BERT-style encoder ({reason})" in error
+    assert "Supported: bert, roberta, xlm-roberta, camembert, albert, electra, distilbert, ernie" in error
+    assert "Logit-only distillation (the prediction step alone) still works" in error
+    assert not (tmp_path / "run" / "teacher").exists()
+
+
+def test_logit_only_distillation_from_a_refused_family(tmp_path, tiny_tokenizer):
+    """A DeBERTa-v2 teacher (attention outside the interface) teaches a BERT student through the prediction step."""
+    teacher = _classifier("deberta-v2", len(tiny_tokenizer))
+    args = _job(tmp_path, teacher, tiny_tokenizer, student={"model_type": "bert"},
+                distill={"weights": {"embedding": 0, "hidden": 0, "attention": 0}})
+    assert run_distill.main(args) == 0
+    out = tmp_path / "run"
+    assert json.loads((out / "student_intermediate" / "stage.json").read_text())["skipped"] is True
+    assert "loss/prediction" in (out / "student" / "log.jsonl").read_text()
+    assert AutoModelForSequenceClassification.from_pretrained(out / "student").config.model_type == "bert"
+
+
+def test_capture_check_catches_attention_that_bypasses_the_interface():
+    """DeBERTa-v2 ignores the custom attention function and returns probabilities: the probe tells."""
+    model = _classifier("deberta-v2", 34)
+    with pytest.raises(CaptureError, match=r"teacher: model type 'deberta-v2' is not a BERT-style encoder"):
+        check_capture(model, role="teacher")
+    from distill import capture
+
+    saved = capture.NOT_CAPTURABLE.pop("deberta-v2")  # as an unknown family would be: only the probe decides
+    try:
+        with pytest.raises(CaptureError, match=r"student: model type 'deberta-v2' cannot be distilled layer by layer: "
+                                               r"layer 1 returns attention that is not the pre-softmax scores"):
+            check_capture(model, role="student")
+    finally:
+        capture.NOT_CAPTURABLE["deberta-v2"] = saved
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_capture_check_passes_for_every_supported_family(family):
+    model = _classifier(family, 400)
+    check_capture(model, role="teacher")
+    check_capture(_classifier(family, 400), layers=[1], fused=True, role="teacher")
