@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import numpy as np
+import pytest
 import torch
+import yaml
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer, RobertaConfig, RobertaForSequenceClassification
 
 # A WordPiece vocabulary small enough to reason about: "movie", "good" ... are single pieces;
@@ -99,3 +100,27 @@ def tiny_generator(batch_size: int = 4):
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
     return CandidateGenerator(tiny_masked_lm(), tokenizer, NeighbourCache(tiny_vectors(), 2), load_stopwords(),
                               num_candidates=8, mlm_context="pair", batch_size=batch_size)
+
+
+def tiny_job(tmp_path, teacher, tokenizer, **sections) -> str:
+    """A config file for the real pipeline on tiny models: the given teacher (saved with its tokenizer), a tiny
+    student, two steps a stage, no augmentation; ``sections`` update the config's sections key by key."""
+    teacher_dir = tmp_path / "teacher_model"
+    teacher.save_pretrained(teacher_dir)
+    tokenizer.save_pretrained(teacher_dir)
+    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
+    config = {
+        "output_dir": str(tmp_path / "run"),
+        "task": {"max_seq_length": 32},
+        "teacher": {"model": str(teacher_dir), "min_dev_metric": -1.0},
+        "augment": {"enabled": False},
+        "student": {"preset": None, "num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32,
+                    "num_attention_heads": 2, "init": "teacher_embeddings"},
+        "distill": {"intermediate": steps, "prediction": steps},
+        "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
+    }
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)

@@ -9,11 +9,11 @@ import json
 
 import pytest
 import torch
-import yaml
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import run_distill
 from distill.capture import CaptureError, check_capture
+from conftest import tiny_job
 from glue_fixtures import write_glue_folder
 
 LABELS = {"id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
@@ -38,22 +38,10 @@ def _classifier(model_type: str, vocab_size: int, **overrides):
 
 
 def _job(tmp_path, teacher, tokenizer, student: dict | None = None, distill: dict | None = None) -> list[str]:
-    folder = tmp_path / "teacher_model"
-    teacher.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 2, "log_steps": 1}
-    config = {
-        "output_dir": str(tmp_path / "run"),
-        "task": {"name": "sst2", "data_dir": str(write_glue_folder(tmp_path, "sst2")), "max_seq_length": 32},
-        "teacher": {"model": str(folder), "min_dev_metric": -1.0},
-        "augment": {"enabled": False},
-        "student": {"preset": None, "num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32,
-                    "num_attention_heads": 2, "init": "teacher_embeddings", **(student or {})},
-        "distill": {"intermediate": steps, "prediction": steps, **(distill or {})},
-        "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
-    return ["pipeline", "--config", str(tmp_path / "job.yaml")]
+    data = write_glue_folder(tmp_path, "sst2")
+    config = tiny_job(tmp_path, teacher, tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                      student=student or {}, distill=distill or {})
+    return ["pipeline", "--config", config]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -8,12 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import run_distill
-from conftest import BPE_CORPUS, tiny_bert, tiny_roberta
-from distill.config import PipelineConfig, StudentConfig, TaskConfig
+from conftest import BPE_CORPUS, tiny_bert, tiny_job, tiny_roberta
+from distill.config import StudentConfig, TaskConfig
 from distill.data import TASKS, DataError, get_task, load_task_data, task_spec
 from glue_fixtures import write_glue_folder
 from teachers import ModelError, load_teacher
@@ -121,29 +120,6 @@ def test_label_order_mismatch_shows_both_orders_and_remap_reorders_the_outputs(t
         load_teacher(str(tmp_path / "other"), mnli, remap_labels=True)
 
 
-def _tiny_job(tmp_path, teacher, tokenizer, **sections) -> str:
-    """A config file for the real pipeline on tiny models: the given teacher, a tiny student, a few steps."""
-    teacher_dir = tmp_path / "teacher_model"
-    teacher.save_pretrained(teacher_dir)
-    tokenizer.save_pretrained(teacher_dir)
-    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
-    config = {
-        "output_dir": str(tmp_path / "run"),
-        "task": {"max_seq_length": 32},
-        "teacher": {"model": str(teacher_dir), "min_dev_metric": -1.0},
-        "augment": {"enabled": False},
-        "student": {"preset": None, "num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32,
-                    "num_attention_heads": 2, "init": "teacher_embeddings"},
-        "distill": {"intermediate": steps, "prediction": steps},
-        "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
-    }
-    for key, value in sections.items():
-        config[key] = {**config.get(key, {}), **value}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
 def _tiny_teacher_for(task: str, **overrides):
     spec = get_task(task)
     names = spec.label_names
@@ -155,7 +131,7 @@ def _tiny_teacher_for(task: str, **overrides):
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_pipeline_runs_every_glue_task_from_a_local_folder(tmp_path, tiny_tokenizer, task):
     folder = write_glue_folder(tmp_path, task)
-    config = _tiny_job(tmp_path, _tiny_teacher_for(task), tiny_tokenizer)
+    config = tiny_job(tmp_path, _tiny_teacher_for(task), tiny_tokenizer)
     assert run_distill.main(["pipeline", "--config", config, "--task", task, "--data-dir", str(folder)]) == 0
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     metrics = {"mnli": ["accuracy", "accuracy_mismatched"]}.get(task, list(get_task(task).metrics))
@@ -185,7 +161,7 @@ def test_roberta_teacher_and_student_through_augmentation_and_distillation(tmp_p
     (tmp_path / "sst2" / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:4]) + "\n")
     teacher = tiny_roberta(vocab_size=vocab, id2label={0: "negative", 1: "positive"},
                            label2id={"negative": 0, "positive": 1})
-    config = _tiny_job(tmp_path, teacher, tiny_roberta_tokenizer,
+    config = tiny_job(tmp_path, teacher, tiny_roberta_tokenizer,
                        task={"name": "sst2", "data_dir": str(tmp_path / "sst2")},
                        mlm={"model": str(tmp_path / "mlm")},
                        augment={"enabled": True, "num_copies": 3, "num_candidates": 3, "word_vectors":
@@ -204,7 +180,7 @@ def test_roberta_teacher_and_student_through_augmentation_and_distillation(tmp_p
 def test_albert_student_with_factorized_embedding_and_shared_layers(tmp_path, tiny_tokenizer):
     """An ALBERT student (E < H, one shared layer group) distils from a BERT teacher and reloads to the same logits."""
     folder = write_glue_folder(tmp_path, "sst2")
-    config = _tiny_job(tmp_path, _tiny_teacher_for("sst2", num_hidden_layers=4), tiny_tokenizer,
+    config = tiny_job(tmp_path, _tiny_teacher_for("sst2", num_hidden_layers=4), tiny_tokenizer,
                        student={"model_type": "albert", "num_hidden_layers": 4, "hidden_size": 16,
                                 "intermediate_size": 32, "num_attention_heads": 2, "embedding_size": 8,
                                 "num_hidden_groups": 1})
