@@ -122,8 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _common(augment)
     augment.add_argument("--input", help="a .csv/.tsv/.jsonl file, a save_to_disk folder, or a hub dataset name[:config] "
                          "(default: the training set of --task)")
-    augment.add_argument("--text-columns", nargs="+", help="column(s) to augment (default: sentence, text, or "
-                         "sentence1 sentence2, whichever the input has)")
+    augment.add_argument("--text-columns", nargs="+", help="column(s) to augment (default: the first pair or column "
+                         "the input has of sentence1 sentence2, premise hypothesis, question1 question2, question "
+                         "sentence, sentence, text)")
     augment.add_argument("--split", default="train", help="split of a saved DatasetDict or hub dataset (default: train)")
     augment.add_argument("--mlm", help="masked LM (hub name or folder with an MLM head); overrides mlm.model")
     augment.add_argument("--export", help="also write the result as one .jsonl, .csv or .tsv file")

@@ -24,7 +24,8 @@ from distill.data import DataError, load_task_data, read_table, require_columns,
 logger = logging.getLogger(__name__)
 
 # Text columns looked for, in order, when the user names none.
-DEFAULT_TEXT_COLUMNS = (("sentence1", "sentence2"), ("sentence",), ("text",), ("question", "sentence"))
+DEFAULT_TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"),
+                        ("question", "sentence"), ("sentence",), ("text",))
 
 
 def default_text_columns(columns: list[str], source: str) -> tuple[str, ...]:
