@@ -54,13 +54,14 @@ def finetune_teacher(
     """
     tokenizer = load_tokenizer(config.base_model)
     set_seed(config.train.seed)  # the new classifier head is drawn from the global RNG: same seed, same teacher
-    id2label = dict(enumerate(spec.label_names)) if spec.label_names else None
+    # Label names only for classification: an explicit id2label=None would reset num_labels (regression has one).
+    names = {"id2label": dict(enumerate(spec.label_names)),
+             "label2id": {name: i for i, name in enumerate(spec.label_names)}} if spec.label_names else {}
     model = AutoModelForSequenceClassification.from_pretrained(
         resolve_model(config.base_model),
         num_labels=spec.num_labels,
-        id2label=id2label,
-        label2id={v: k for k, v in id2label.items()} if id2label else None,
         problem_type="regression" if spec.is_regression else "single_label_classification",
+        **names,
     )
     train_set = tokenize(data["train"], tokenizer, spec, task.max_seq_length)
     objective = ModelLossObjective(model)

@@ -102,11 +102,11 @@ def tiny_generator(batch_size: int = 4):
                               num_candidates=8, mlm_context="pair", batch_size=batch_size)
 
 
-def tiny_job(tmp_path, teacher, tokenizer, **sections) -> str:
+def tiny_job(tmp_path, teacher_model, tokenizer, **sections) -> str:
     """A config file for the real pipeline on tiny models: the given teacher (saved with its tokenizer), a tiny
     student, two steps a stage, no augmentation; ``sections`` update the config's sections key by key."""
     teacher_dir = tmp_path / "teacher_model"
-    teacher.save_pretrained(teacher_dir)
+    teacher_model.save_pretrained(teacher_dir)
     tokenizer.save_pretrained(teacher_dir)
     steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
     config = {

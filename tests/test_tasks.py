@@ -227,3 +227,20 @@ def test_hub_splits_map_to_train_dev_and_mnli_mismatched(monkeypatch):
     data = load_task_data(TaskConfig(name="mnli", source="hub"))
     assert {k: len(v) for k, v in data.items()} == {"train": 5, "dev": 3, "dev_mismatched": 2}
     assert data["dev"].column_names == ["premise", "hypothesis", "label"]
+
+
+def test_teacher_fine_tuning_for_a_regression_task(tmp_path, tiny_tokenizer):
+    """STS-B: the teacher is fine-tuned from a pre-trained encoder with one output (MSE), not given."""
+    from transformers import BertModel
+
+    from conftest import tiny_bert_config
+
+    BertModel(tiny_bert_config()).save_pretrained(tmp_path / "base")
+    tiny_tokenizer.save_pretrained(tmp_path / "base")
+    config = tiny_job(tmp_path, tiny_bert(), tiny_tokenizer, task={"name": "stsb"},
+                      teacher={"model": None, "base_model": str(tmp_path / "base"),
+                               "train": {"max_steps": 2, "batch_size": 4, "save_steps": 1}})
+    assert run_distill.main(["pipeline", "--config", config, "--data-dir", str(write_glue_folder(tmp_path, "stsb"))]) == 0
+    teacher = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "teacher")
+    assert teacher.config.num_labels == 1 and teacher.config.problem_type == "regression"
+    assert set(json.loads((tmp_path / "run" / "teacher" / "stage.json").read_text())["dev"]) == {"pearson", "spearmanr"}
