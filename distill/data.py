@@ -255,7 +255,7 @@ def _load_user_files(config: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
     data = {}
     for split, source in (("train", config.train_file), ("dev", config.dev_file)):
-        table = read_table(source)
+        table = read_table(source, text_columns=spec.text_columns)
         require_columns(table, [*spec.text_columns, spec.label_column], source)
         # Row i of the table is line i + 2 of a CSV/TSV file (after the header), line i + 1 of a JSONL file.
         offset = 1 if Path(source).suffix in (".jsonl", ".json") else 2
@@ -271,21 +271,25 @@ TABLE_FORMATS = {".csv": ("csv", {"encoding": "utf-8-sig"}),
                  ".jsonl": ("json", {}), ".json": ("json", {})}
 
 
-def read_table(source: str, split: str = "train") -> datasets.Dataset:
+def read_table(source: str, split: str = "train", text_columns: list[str] | tuple[str, ...] = ()) -> datasets.Dataset:
     """Rows of a user's data set, columns as named in the source.
+
+    CSV/TSV fields are never read as missing values ("", "NA" stay text), and ``text_columns`` are read as text as
+    written (a review "0" stays "0", not the number 0.0); other columns keep the loader's type inference.
 
     Args:
         source: a ``.csv`` file (standard quoting), a ``.tsv`` file (tab-separated, no quoting, as GLUE), a
             ``.jsonl``/``.json`` file (one object a line, or an array), a folder written by ``Dataset.save_to_disk``,
             or a hub dataset ``name`` or ``name:config`` (``glue:sst2``) loaded with ``datasets.load_dataset``.
         split: the split of a saved ``DatasetDict`` or hub dataset.
+        text_columns: columns of a CSV/TSV file to read as strings.
 
     Raises:
         DataError: the file is empty, not UTF-8, or malformed (the line is named), or the split does not exist.
     """
     path = Path(source)
     if path.is_file():
-        return _read_file(path)
+        return _read_file(path, text_columns)
     if path.is_dir():
         try:
             loaded = datasets.load_from_disk(str(path))
@@ -305,12 +309,14 @@ def _pick_split(loaded, split: str, source: str) -> datasets.Dataset:
     return loaded[split]
 
 
-def _read_file(path: Path) -> datasets.Dataset:
+def _read_file(path: Path, text_columns: list[str] | tuple[str, ...] = ()) -> datasets.Dataset:
     if path.suffix not in TABLE_FORMATS:
         raise DataError(f"{path}: unknown file type {path.suffix!r}; use one of {', '.join(TABLE_FORMATS)}")
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty; it needs a header line (CSV/TSV) or one JSON object a line")
     builder, options = TABLE_FORMATS[path.suffix]
+    if builder == "csv":
+        options = {**options, "na_filter": False, "converters": {c: str for c in text_columns} or None}
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the loaders wrap parser errors of several kinds
