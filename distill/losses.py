@@ -16,6 +16,58 @@ from torch import nn
 from torch.nn import functional as F
 
 
+class _SquaredErrorSum(torch.autograd.Function):
+    """Σ keep · (student − teacher)², keeping one tensor for backward (see :func:`squared_error_sum`)."""
+
+    @staticmethod
+    def forward(ctx, student, teacher, keep, consume_teacher):
+        if consume_teacher:  # the teacher's buffer takes teacher − student: no new buffer
+            difference = teacher.sub_(student)
+            ctx.sign = -2.0
+        else:
+            difference = torch.sub(student, teacher.to(student.dtype))
+            ctx.sign = 2.0
+        if keep is not None:
+            difference.mul_(keep)  # a 0/1 mask: excluded positions contribute 0 and get gradient 0
+        ctx.save_for_backward(difference)
+        flat = difference.reshape(-1)
+        return torch.dot(flat, flat)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (difference,) = ctx.saved_tensors
+        return difference * (ctx.sign * grad), None, None, None
+
+
+def squared_error_sum(
+    student: torch.Tensor, teacher: torch.Tensor, keep: torch.Tensor | None = None, consume_teacher: bool = False
+) -> torch.Tensor:
+    """Σ over kept positions of (student − teacher)², with its gradient.
+
+    The same value and gradient as ``((student - teacher) ** 2 * keep).sum()``, in one subtraction, one masking pass
+    and one dot product forward, one multiplication backward, and one saved tensor: the attention loss runs it over
+    (B, A, T, T) tensors at every mapped layer, where each pass and each new buffer costs (bench/distill_throughput.py).
+
+    Args:
+        student: any shape; the gradient flows to it.
+        teacher: the student's shape; it gets no gradient.
+        keep: 0/1 values broadcastable to that shape (1 keeps a position), or None to keep all. Values at excluded
+            positions must be finite (0 · inf is nan).
+        consume_teacher: write the difference into ``teacher``'s memory instead of a new buffer (its values are lost:
+            for a teacher output used once). Ignored unless dtypes and shapes agree.
+
+    Returns:
+        Scalar, in the student's dtype.
+
+    Raises:
+        ValueError: ``teacher`` requires a gradient (the target of a distillation loss is constant).
+    """
+    if teacher.requires_grad:
+        raise ValueError("squared_error_sum: the teacher's tensor requires a gradient; pass teacher.detach()")
+    consume_teacher = consume_teacher and teacher.dtype == student.dtype and teacher.shape == student.shape
+    return _SquaredErrorSum.apply(student, teacher, keep, consume_teacher)
+
+
 def match_heads(teacher_scores: torch.Tensor, num_student_heads: int) -> torch.Tensor:
     """Reduce teacher attention heads to the student's head count.
 
@@ -45,7 +97,10 @@ def match_heads(teacher_scores: torch.Tensor, num_student_heads: int) -> torch.T
 
 
 def attention_loss(
-    student_scores: torch.Tensor, teacher_scores: torch.Tensor, attention_mask: torch.Tensor
+    student_scores: torch.Tensor,
+    teacher_scores: torch.Tensor,
+    attention_mask: torch.Tensor,
+    consume_teacher: bool = False,
 ) -> torch.Tensor:
     """L_attn for one layer pair: mean over heads of the MSE of pre-softmax scores (TinyBERT Eq. 7).
 
@@ -53,19 +108,16 @@ def attention_loss(
         student_scores: (B, A, T, T) pre-softmax scores QKᵀ/√d of a student layer.
         teacher_scores: (B, A_T, T, T) of the mapped teacher layer (A_T a multiple of A, see :func:`match_heads`).
         attention_mask: (B, T), 1 for real tokens, 0 for padding.
+        consume_teacher: the teacher's scores may be overwritten (see :func:`squared_error_sum`).
 
     Returns:
         Scalar: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid pairs).
     """
-    teacher_scores = match_heads(teacher_scores, student_scores.shape[1]).to(student_scores.dtype)
-    valid = attention_mask.bool()
-    pair_mask = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, T, T)
-    # Where a pair is padding, the target is the student's own (detached) score: the difference there is exactly 0 and
-    # so is its gradient. One select, one subtraction and one dot product: the fewest passes over (B, A, T, T).
-    target = torch.where(pair_mask, teacher_scores, student_scores.detach())
-    difference = (student_scores - target).reshape(-1)
+    teacher_scores = match_heads(teacher_scores, student_scores.shape[1])
+    valid = attention_mask.to(student_scores.dtype)
+    pair_mask = valid[:, None, :, None] * valid[:, None, None, :]  # (B, 1, T, T), 1 where both tokens are real
     num_pairs = pair_mask.sum() * student_scores.shape[1]
-    return torch.dot(difference, difference) / num_pairs.clamp(min=1)
+    return squared_error_sum(student_scores, teacher_scores, pair_mask, consume_teacher) / num_pairs.clamp(min=1)
 
 
 def hidden_loss(
@@ -73,6 +125,7 @@ def hidden_loss(
     teacher_hidden: torch.Tensor,
     attention_mask: torch.Tensor,
     projection: nn.Module | None = None,
+    consume_teacher: bool = False,
 ) -> torch.Tensor:
     """L_hidn / L_embd for one layer pair: MSE(h_S W, h_T) over real tokens (TinyBERT Eq. 8, 9).
 
@@ -81,6 +134,7 @@ def hidden_loss(
         teacher_hidden: (B, T, h_T).
         attention_mask: (B, T), 1 for real tokens.
         projection: learnable map h_S → h_T (W); None when h_S == h_T.
+        consume_teacher: the teacher's hidden states may be overwritten (see :func:`squared_error_sum`).
 
     Returns:
         Scalar: Σ over real tokens and h_T dims of squared differences / (number of real tokens · h_T).
@@ -92,10 +146,8 @@ def hidden_loss(
             f"student hidden size {student_hidden.shape[-1]} differs from the teacher's {teacher_hidden.shape[-1]} "
             "and no projection was given"
         )
-    valid = attention_mask.bool()[..., None]  # (B, T, 1)
-    target = torch.where(valid, teacher_hidden.to(student_hidden.dtype), student_hidden.detach())  # as attention_loss
-    difference = (student_hidden - target).reshape(-1)
-    return torch.dot(difference, difference) / (valid.sum() * student_hidden.shape[-1]).clamp(min=1)
+    valid = attention_mask.to(student_hidden.dtype)[..., None]  # (B, T, 1)
+    return squared_error_sum(student_hidden, teacher_hidden, valid, consume_teacher) / (valid.sum() * student_hidden.shape[-1]).clamp(min=1)
 
 
 def soft_cross_entropy(

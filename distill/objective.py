@@ -156,19 +156,22 @@ class DistillationObjective(nn.Module):
                 teacher = run_model(self.teacher, batch, self.needs_intermediate, capture_attention)
         student = run_model(self.trainable["student"], batch, self.needs_intermediate, capture_attention)
         mask = batch["attention_mask"]
+        # The teacher's outputs were made for this step alone: a loss may write into them when nothing else reads
+        # them (each teacher layer mapped once), which saves a (B, A, T, T) buffer per layer.
+        once = len(set(self.layer_map)) == len(self.layer_map)
         values: dict[str, torch.Tensor] = {}
         if "embedding" in self.terms:
             values["embedding"] = hidden_loss(
-                student.hidden_states[0], teacher.hidden_states[0], mask, self.projection("embedding")
+                student.hidden_states[0], teacher.hidden_states[0], mask, self.projection("embedding"), True
             )
         if "hidden" in self.terms:
             values["hidden"] = sum(
-                hidden_loss(student.hidden_states[m], teacher.hidden_states[g], mask, self.projection("hidden"))
+                hidden_loss(student.hidden_states[m], teacher.hidden_states[g], mask, self.projection("hidden"), once)
                 for m, g in enumerate(self.layer_map, start=1)
             )
         if capture_attention:
             values["attention"] = sum(
-                attention_loss(student.attentions[m - 1], teacher.attentions[g - 1], mask)
+                attention_loss(student.attentions[m - 1], teacher.attentions[g - 1], mask, once)
                 for m, g in enumerate(self.layer_map, start=1)
             )
         if "prediction" in self.terms:

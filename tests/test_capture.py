@@ -2,18 +2,20 @@
 
 import torch
 
-from distill.capture import enable_score_capture, run_model
+import pytest
+
+from distill.capture import ScoresAttention, enable_score_capture, run_model
 from tests.conftest import padded_batch, tiny_bert, tiny_roberta
 
 
-def test_logits_equal_eager_exactly_with_padding():
+def test_logits_equal_eager_with_padding():
     model = tiny_bert()
     batch = padded_batch()
     model.set_attn_implementation("eager")
     eager = model(**batch, output_attentions=True)
     enable_score_capture(model)
     captured = run_model(model, batch)
-    assert torch.equal(captured.logits, eager.logits)
+    torch.testing.assert_close(captured.logits, eager.logits, rtol=0, atol=1e-6)
     assert len(captured.hidden_states) == 3 and len(captured.attentions) == 2
     assert captured.attentions[0].shape == (3, 4, 7, 7)
 
@@ -46,7 +48,7 @@ def test_roberta_capture_matches_eager():
     eager = model(**batch).logits
     enable_score_capture(model)
     captured = run_model(model, {**batch, "token_type_ids": torch.zeros_like(batch["input_ids"])})
-    assert torch.equal(captured.logits, eager)
+    torch.testing.assert_close(captured.logits, eager, rtol=0, atol=1e-6)
     assert len(captured.attentions) == 2
 
 
@@ -82,3 +84,58 @@ def test_fused_capture_for_a_frozen_teacher_gives_the_same_scores():
     for layer in range(2):
         torch.testing.assert_close(got.attentions[layer], expected.attentions[layer], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-6)
+
+
+def plain_attention(query, key, value, mask, scaling, keep=None, dropout=0.0):
+    """The same maths through generic autograd: the reference for ScoresAttention's hand-written backward."""
+    scores = query @ key.transpose(2, 3) * scaling
+    probs = torch.softmax(scores + mask, dim=-1)
+    if keep is not None:
+        probs = probs * keep / (1 - dropout)
+    return probs @ value, scores
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_scores_attention_backward_equals_autograd_for_both_outputs(dropout):
+    torch.manual_seed(0)
+    shape = (2, 3, 5, 4)  # (B, A, T, d)
+    query, key, value = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(2, 1, 1, 5, dtype=torch.float64)
+    mask[1, ..., 3:] = torch.finfo(torch.float64).min  # the second example has two padding keys
+    grad_output, grad_scores = torch.randn(shape, dtype=torch.float64), torch.randn(2, 3, 5, 5, dtype=torch.float64)
+
+    torch.manual_seed(1)
+    output, scores = ScoresAttention.apply(query, key, value, mask, 0.5, dropout)
+    got = torch.autograd.grad((output, scores), (query, key, value), (grad_output, grad_scores))
+    keep = None
+    if dropout:  # the same draw the function made
+        torch.manual_seed(1)
+        keep = torch.empty(2, 3, 5, 5, dtype=torch.bool).bernoulli_(1 - dropout)
+        assert 0 < int(keep.sum()) < keep.numel()
+    ref_output, ref_scores = plain_attention(query, key, value, mask, 0.5, keep, dropout)
+    expected = torch.autograd.grad((ref_output, ref_scores), (query, key, value), (grad_output, grad_scores))
+    torch.testing.assert_close(output, ref_output)
+    torch.testing.assert_close(scores, ref_scores)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    # Only one of the two outputs used: the other gradient is None, and the backward still matches.
+    (only_scores,) = torch.autograd.grad(ScoresAttention.apply(query, key, value, mask, 0.5, 0.0)[1].sum(), (query,))
+    (ref_only,) = torch.autograd.grad(plain_attention(query, key, value, mask, 0.5)[1].sum(), (query,))
+    torch.testing.assert_close(only_scores, ref_only)
+
+
+def test_student_gradients_with_capture_equal_eager_autograd():
+    """Through a whole model, the captured student gets the gradients `transformers`' eager attention gives."""
+    torch.manual_seed(0)
+    reference = tiny_bert().eval()  # eval: no dropout, so both runs are deterministic
+    reference.set_attn_implementation("eager")
+    captured = tiny_bert().eval()
+    captured.load_state_dict(reference.state_dict())
+    enable_score_capture(captured)
+    batch = padded_batch()
+    ref_out = reference(**batch, output_hidden_states=True)
+    run = run_model(captured, batch)  # logits and hidden states: every attention parameter reaches them
+    (ref_out.logits.square().sum() + ref_out.hidden_states[-1].sum()).backward()
+    (run.logits.square().sum() + run.hidden_states[-1].sum()).backward()
+    for (name, p), (_, q) in zip(reference.named_parameters(), captured.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from distill.losses import attention_loss, hidden_loss, match_heads, prediction_loss, soft_cross_entropy
+from distill.losses import (
+    attention_loss,
+    hidden_loss,
+    match_heads,
+    prediction_loss,
+    soft_cross_entropy,
+    squared_error_sum,
+)
 from distill.objective import DistillationObjective
 from tests.conftest import padded_batch, tiny_bert
 
@@ -144,3 +151,25 @@ def test_masked_lm_objective_equals_the_models_own_loss():
     expected = model(**batch, labels=labels).loss
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert set(terms) == {"mlm"}
+
+
+@pytest.mark.parametrize("consume_teacher", [False, True])
+@pytest.mark.parametrize("shape, keep_shape", [((2, 3, 5, 5), (2, 1, 5, 5)), ((2, 5, 4), (2, 5, 1))])
+def test_squared_error_sum_value_and_gradient_match_plain_autograd(shape, keep_shape, consume_teacher):
+    torch.manual_seed(0)
+    student = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(shape, dtype=torch.float64)
+    keep = (torch.rand(keep_shape) > 0.3).double()
+    reference = ((student - teacher) ** 2 * keep).sum()
+    (expected,) = torch.autograd.grad(reference, student)
+    loss = squared_error_sum(student, teacher.clone(), keep, consume_teacher=consume_teacher)
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, student)
+    torch.testing.assert_close(grad, expected)
+    assert bool((grad[(keep == 0).expand(shape)] == 0).all())  # excluded positions: exactly zero gradient
+    assert torch.autograd.gradcheck(lambda s: squared_error_sum(s, teacher.clone(), keep, consume_teacher), student)
+
+
+def test_squared_error_sum_refuses_a_teacher_with_gradient():
+    with pytest.raises(ValueError, match="detach"):
+        squared_error_sum(torch.ones(2), torch.zeros(2, requires_grad=True))
