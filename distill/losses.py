@@ -36,7 +36,9 @@ class _SquaredErrorSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (difference,) = ctx.saved_tensors
-        return difference * (ctx.sign * grad), None, None, None
+        # In place: the difference is not needed again (a second backward through the same graph is refused by
+        # autograd's version check on saved tensors).
+        return difference.mul_(ctx.sign * grad), None, None, None
 
 
 def squared_error_sum(
@@ -45,7 +47,7 @@ def squared_error_sum(
     """Σ over kept positions of (student − teacher)², with its gradient.
 
     The same value and gradient as ``((student - teacher) ** 2 * keep).sum()``, in one subtraction, one masking pass
-    and one dot product forward, one multiplication backward, and one saved tensor: the attention loss runs it over
+    and one dot product forward, one in-place multiplication backward, and one saved tensor: the attention loss runs it over
     (B, A, T, T) tensors at every mapped layer, where each pass and each new buffer costs (bench/distill_throughput.py).
 
     Args:
@@ -114,9 +116,12 @@ def attention_loss(
         Scalar: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid pairs).
     """
     teacher_scores = match_heads(teacher_scores, student_scores.shape[1])
+    batch, heads, tokens, _ = student_scores.shape
+    if bool(attention_mask.all()):  # no padding: no masking pass
+        return squared_error_sum(student_scores, teacher_scores, None, consume_teacher) / (batch * heads * tokens**2)
     valid = attention_mask.to(student_scores.dtype)
     pair_mask = valid[:, None, :, None] * valid[:, None, None, :]  # (B, 1, T, T), 1 where both tokens are real
-    num_pairs = pair_mask.sum() * student_scores.shape[1]
+    num_pairs = pair_mask.sum() * heads
     return squared_error_sum(student_scores, teacher_scores, pair_mask, consume_teacher) / num_pairs.clamp(min=1)
 
 
