@@ -30,10 +30,11 @@ class ScoresAttention(torch.autograd.Function):
     """Eager attention that also returns its pre-softmax scores, with a hand-written backward.
 
     Forward: S = (Q·scaling)Kᵀ, P = softmax(S + mask) (in float32, as `transformers`' eager attention), dropout on P,
-    O = P_drop·V. Backward takes gradients for both O and S (the attention loss's), adds them into one dS and saves
-    only Q·scaling, K, V, P and the dropout mask (bool). Generic autograd over the same ops keeps about twice as many
-    (B, A, T, T) buffers (the scaled and masked scores, the dropped probabilities, a gradient per op); on the 4-layer
-    student that was 7% of a training step (bench/distill_throughput.py).
+    O = P_drop·V. Backward takes gradients for both O and S (the attention loss's) and adds them into one dS. Generic
+    autograd over the same ops makes about twice as many (B, A, T, T) buffers (the scaled and masked scores, a gradient
+    per op) and recomputes nothing less; on the 4-layer student that was 7% of a training step, and bernoulli_-based
+    dropout another 2% (bench/distill_throughput.py). Saved for backward, as in eager attention: Q·scaling, K, V, P,
+    P_drop and the dropout mask.
 
     Scaling the (B, A, T, d) query instead of the (B, A, T, T) scores rounds differently from `transformers`' eager
     attention: outputs agree to float rounding (about 1e-7 relative in float32), not bit for bit.
@@ -46,28 +47,24 @@ class ScoresAttention(torch.autograd.Function):
         masked = scores if attention_mask is None else scores + attention_mask
         probs = torch.softmax(masked, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
         del masked
-        keep = None
-        dropped = probs
-        if dropout > 0:
-            keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1 - dropout)
-            dropped = probs.masked_fill(~keep, 0).mul_(1 / (1 - dropout))
+        keep = dropped = probs
+        if dropout > 0:  # keep: 1/(1 - p) with probability 1 - p, else 0 (uniform draws: cheaper than bernoulli_ on CPU)
+            keep = torch.rand_like(probs, dtype=torch.float32).lt_(1 - dropout).to(probs.dtype).div_(1 - dropout)
+            dropped = probs * keep
         output = torch.matmul(dropped, value)  # (B, A, T, d)
-        ctx.save_for_backward(scaled_query, key, value, probs, keep)
-        ctx.scaling, ctx.dropout = scaling, dropout
+        ctx.save_for_backward(scaled_query, key, value, probs, dropped, keep if dropout > 0 else None)
+        ctx.scaling = scaling
         return output, scores
 
     @staticmethod
     def backward(ctx, grad_output, grad_scores):
-        scaled_query, key, value, probs, keep = ctx.saved_tensors
+        scaled_query, key, value, probs, dropped, keep = ctx.saved_tensors
         grad_value = grad_query = grad_key = None
         if grad_output is not None:
             grad_probs = torch.matmul(grad_output, value.transpose(2, 3))
-            dropped = probs
             if keep is not None:
-                grad_probs.masked_fill_(~keep, 0).mul_(1 / (1 - ctx.dropout))
-                dropped = probs.masked_fill(~keep, 0).mul_(1 / (1 - ctx.dropout))
+                grad_probs.mul_(keep)
             grad_value = torch.matmul(dropped.transpose(2, 3), grad_output)
-            del dropped
             grad = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
             del grad_probs
             if grad_scores is not None:
