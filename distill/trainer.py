@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from distill.checkpoint import CheckpointError, load_latest_good_checkpoint, save_checkpoint
-from distill.config import TrainConfig
+from distill.config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,7 @@ def train(
         CheckpointError: a checkpoint in ``output_dir`` belongs to another run.
         NonFiniteLossError: a loss term became NaN or infinite (names step, term and batch).
         TrainingInterrupted: SIGINT/SIGTERM arrived; the step in progress was finished and checkpointed.
+        ConfigError: ``mixed_precision: fp16`` on a device where accelerate runs no fp16 (a CPU), before any step.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +192,10 @@ def train(
         log_with="tensorboard" if is_tensorboard_available() else None,
         project_dir=str(output_dir),
     )
+    if config.mixed_precision == "fp16" and accelerator.scaler is None and accelerator.device.type == "cpu":
+        # accelerate turns fp16 into plain fp32 on a CPU without a word; say so instead of training in another precision.
+        raise ConfigError(f"{description}: mixed_precision: fp16 needs a GPU (accelerate runs fp16 only there, with "
+                          "loss scaling); on a CPU use mixed_precision: bf16 or no")
     torch.manual_seed(config.seed)
     world = accelerator.num_processes
     data = _Batches(dataset, collate_fn, config, accelerator.process_index, world)

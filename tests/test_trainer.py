@@ -8,7 +8,7 @@ import torch
 from transformers import DataCollatorWithPadding
 
 from distill.checkpoint import CheckpointError
-from distill.config import TrainConfig
+from distill.config import ConfigError, TrainConfig
 from distill.objective import DistillationObjective, ModelLossObjective
 from distill.trainer import NonFiniteLossError, train
 from tests.conftest import tiny_bert
@@ -216,6 +216,53 @@ def test_logs_go_to_jsonl_and_tensorboard(tmp_path, tiny_tokenizer):
         scalars = events.Scalars(tag)
         assert [s.step for s in scalars] == [2, 4], tag
         assert [s.value for s in scalars] == pytest.approx([line[tag] for line in lines], rel=1e-6), tag
+
+
+def test_fp16_on_cpu_is_refused_not_silently_fp32(tmp_path, tiny_tokenizer):
+    with pytest.raises(ConfigError, match="fp16 needs a GPU.*bf16"):
+        train(_distill_objective(), _data(), _Pad(tiny_tokenizer), TrainConfig(max_steps=1, mixed_precision="fp16"),
+              tmp_path, "run")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_fp16_loss_scaling_skips_a_step_whose_gradients_overflowed(tmp_path, tiny_tokenizer):
+    """The loop's fp16 path: accelerate's autocast and gradient scaler as it sets them up on a GPU, forced on the CPU
+    here (torch has fp16 autocast and GradScaler for CPU). A step whose gradients hold inf is skipped, weights and
+    schedule untouched, and training goes on with finite weights."""
+    from accelerate import Accelerator
+
+    from distill.trainer import _allow_new_mixed_precision
+
+    common = dict(max_steps=2, batch_size=4, learning_rate=1e-3, log_steps=1, warmup_ratio=0.0)
+    reference = _distill_objective()
+    train(reference, _data(), _Pad(tiny_tokenizer), TrainConfig(**common), tmp_path / "fp32", "run")
+    objective = _distill_objective()
+    before = {k: v.clone() for k, v in objective.trainable.state_dict().items()}
+    calls = []
+
+    def overflow_once(grad):
+        calls.append(1)
+        return grad * float("inf") if len(calls) == 1 else grad
+
+    objective.trainable["student"].classifier.weight.register_hook(overflow_once)
+    _allow_new_mixed_precision("fp16")  # accelerate keeps one precision per process otherwise
+    accelerator = Accelerator(mixed_precision="fp16")
+    accelerator.native_amp, accelerator.scaler = True, torch.amp.GradScaler("cpu")
+    train(objective, _data(), _Pad(tiny_tokenizer), TrainConfig(mixed_precision="fp16", **common), tmp_path / "fp16",
+          "run", accelerator=accelerator)
+    logs = [json.loads(line) for line in (tmp_path / "fp16" / "log.jsonl").read_text().splitlines()]
+    fp32 = [json.loads(line) for line in (tmp_path / "fp32" / "log.jsonl").read_text().splitlines()]
+    assert len(calls) == 2
+    # Step 1 was skipped: the schedule did not move (fp32: 1e-3 -> 5e-4 -> 0), the scale was halved ...
+    assert [line["learning_rate"] for line in fp32] == pytest.approx([5e-4, 0.0])
+    assert [line["learning_rate"] for line in logs] == pytest.approx([1e-3, 5e-4])
+    assert accelerator.scaler.get_scale() == 2.0**15
+    # ... step 2 was applied, and every weight is finite.
+    after = objective.trainable.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(bool(torch.isfinite(after[k]).all()) for k in after)
+    # The forward ran in fp16 (autocast): the same loss as fp32 up to rounding, but not the same.
+    assert logs[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=0.05) and logs[0]["loss"] != fp32[0]["loss"]
 
 
 def test_bf16_mixed_precision_runs_the_step_in_bf16(tmp_path, tiny_tokenizer):
