@@ -42,7 +42,10 @@ class ScoresAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, attention_mask, scaling: float, dropout: float):
-        scaled_query = query * scaling
+        # Q, K and V arrive as (B, A, T, d) views of (B, T, A, d) projections, which every batched matmul would copy
+        # again (forward and backward): make them contiguous once, the query in the same pass as its scaling.
+        scaled_query = torch.mul(query, scaling, out=query.new_empty(query.shape))
+        key, value = key.contiguous(), value.contiguous()
         scores = torch.matmul(scaled_query, key.transpose(2, 3))  # (B, A, T, T)
         masked = scores if attention_mask is None else scores + attention_mask
         probs = torch.softmax(masked, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
@@ -61,6 +64,7 @@ class ScoresAttention(torch.autograd.Function):
         scaled_query, key, value, probs, dropped, keep = ctx.saved_tensors
         grad_value = grad_query = grad_key = None
         if grad_output is not None:
+            grad_output = grad_output.contiguous()  # a transposed view; used by two matmuls
             grad_probs = torch.matmul(grad_output, value.transpose(2, 3))
             if keep is not None:
                 grad_probs.mul_(keep)
