@@ -173,8 +173,8 @@ def main() -> None:
     def ratio(numerator, denominator) -> float:
         return statistics.median(numerator(i) / denominator(i) for i in range(args.repeats))
 
-    overhead = ratio(lambda i: times["distillation"][i], lambda i: times["unavoidable"][i])
     pair_ratios = sorted(b / a for a, b in zip(times["unavoidable"], times["distillation"]))
+    overhead = statistics.median(pair_ratios)
     quartiles = statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) > 1 else pair_ratios * 3
     # The fastest run of each: machine noise only ever slows a run down, so the minimum is the least disturbed
     # measure of the code's cost (the reading `timeit` recommends).
