@@ -152,12 +152,13 @@ LOGIT_ONLY_HINT = ("Logit-only distillation (the prediction step alone) still wo
                    "bert) that shares the teacher's tokenizer.")
 
 
-def capture_support(config) -> str | None:
+def capture_support(config, role: str = "model") -> str | None:
     """Why a model type cannot be distilled layer by layer (None when it may be: the probe in
     :func:`check_capture` decides for types not listed). Reads the config only.
 
     Args:
         config: a `transformers` config.
+        role: "teacher", "student" or "model": some families can be captured as a frozen teacher only.
     """
     model_type = getattr(config, "model_type", None)
     if model_type in NOT_CAPTURABLE:

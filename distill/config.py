@@ -198,12 +198,15 @@ class DistillConfig:
     prediction: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=3e-5))
 
     def __post_init__(self) -> None:
-        _check_layer_map_and_weights(self.layer_map, self.weights, ("embedding", "hidden", "attention", "prediction"))
+        _check_layer_map_and_weights(self.layer_map, self.weights, ("intermediate", "prediction"))
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         _check(self.hard_label_weight >= 0, "hard_label_weight", "must be >= 0")
 
 
-def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, float], terms: tuple[str, ...]) -> None:
+def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, float], steps: tuple[str, ...]) -> None:
+    from distill.terms import terms_of  # the registry of loss terms (imports torch)
+
+    terms = tuple(name for step in steps for name in terms_of(step))
     if isinstance(layer_map, str):
         _check(layer_map in ("uniform", "last", "first"), "layer_map",
                f"must be uniform, last, first or a list of teacher layers, got {layer_map!r}")
@@ -238,7 +241,9 @@ class GeneralConfig:
             "train.max_steps",
             "must be set when streaming (a streamed corpus has no known length)",
         )
-        _check_layer_map_and_weights(self.layer_map, self.weights, ("embedding", "hidden", "attention"))
+        _check_layer_map_and_weights(self.layer_map, self.weights, ("intermediate",))
+        _check(any(self.weights.get(t, 1.0) > 0 for t in ("embedding", "hidden", "attention")), "weights",
+               "general distillation needs at least one of embedding, hidden, attention weighted above 0")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from distill.config import ConfigError, GeneralConfig, fingerprint
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.data import collator
 from distill.layer_map import build_layer_map
-from distill.objective import INTERMEDIATE_TERMS, DistillationObjective
+from distill.objective import DistillationObjective, intermediate_terms
 from distill.trainer import train
 from students import build_student, student_shape
 from teachers.models import load_config as load_model_config
@@ -91,8 +91,8 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> d
                                 student_shape(config.student)["num_hidden_layers"])
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
-    terms = {t: config.weights.get(t, 1.0) for t in INTERMEDIATE_TERMS}
-    objective = DistillationObjective(teacher, student, terms, layer_map, config.share_projection)
+    objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,
+                                      share_projection=config.share_projection)
     state = train(objective, corpus, collator(tokenizer), config.train, out, run_id, "general distillation")
     if processes.is_main_process:
         student.save_pretrained(out)

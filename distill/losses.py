@@ -7,6 +7,10 @@ Departures from the reference code, on purpose:
   so its loss depends on how much padding a batch has. Here the attention loss averages over valid (query, key) pairs
   and the hidden loss over valid tokens, so padding a batch further does not change either.
 - The prediction loss is averaged over the batch only (the reference code also divides by the number of classes).
+
+Numerics: every sum, mean and count is accumulated in float32 whatever the inputs' dtype (fp16 or bf16 under
+autocast), so mixed precision changes a loss by rounding only: in fp16, Σ of squared attention-score differences
+over one batch, and the count of valid (query, key) pairs (6.3M at batch 32, length 128, 12 heads), are infinite.
 """
 
 from __future__ import annotations
@@ -16,57 +20,75 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype loss sums are accumulated in: float32 for half inputs (float16, bfloat16), float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class _SquaredErrorSum(torch.autograd.Function):
-    """Σ keep · (student − teacher)², keeping one tensor for backward (see :func:`squared_error_sum`)."""
+    """Σ keep · (student − teacher)² in float32, keeping one tensor for backward (see :func:`squared_error_sum`)."""
 
     @staticmethod
     def forward(ctx, student, teacher, keep, consume_teacher):
-        if consume_teacher:  # the teacher's buffer takes teacher − student: no new buffer
-            difference = teacher.sub_(student)
-            ctx.sign = -2.0
-        else:
-            difference = torch.sub(student, teacher.to(student.dtype))
-            ctx.sign = 2.0
-        if keep is not None:
-            difference.mul_(keep)  # a 0/1 mask: excluded positions contribute 0 and get gradient 0
+        dtype = accumulation_dtype(student.dtype)
+        # Autocast off: under fp16 autocast the difference, its squares and their sum would be rounded to fp16, whose
+        # largest value (65504) a sum over (B, A, T, T) scores passes at once.
+        with torch.autocast(student.device.type, enabled=False):
+            if consume_teacher:  # the teacher's buffer (already in the accumulation dtype) takes teacher − student
+                difference = teacher.sub_(student)
+                ctx.sign = -2.0
+            else:
+                difference = torch.sub(student, teacher) if student.dtype == dtype else student.to(dtype).sub_(teacher)
+                ctx.sign = 2.0
+            if keep is not None:
+                difference.mul_(keep)  # a 0/1 mask: excluded positions contribute 0 and get gradient 0
+            flat = difference.reshape(-1)
+            total = torch.dot(flat, flat)
         ctx.save_for_backward(difference)
-        flat = difference.reshape(-1)
-        return torch.dot(flat, flat)
+        ctx.student_dtype = student.dtype
+        return total
 
     @staticmethod
     def backward(ctx, grad):
         (difference,) = ctx.saved_tensors
         # In place: the difference is not needed again (a second backward through the same graph is refused by
         # autograd's version check on saved tensors).
-        return difference.mul_(ctx.sign * grad), None, None, None
+        return difference.mul_(ctx.sign * grad).to(ctx.student_dtype), None, None, None
 
 
 def squared_error_sum(
-    student: torch.Tensor, teacher: torch.Tensor, keep: torch.Tensor | None = None, consume_teacher: bool = False
+    student: torch.Tensor, teacher: torch.Tensor, keep: torch.Tensor | None = None, *, consume_teacher: bool = False
 ) -> torch.Tensor:
-    """Σ over kept positions of (student − teacher)², with its gradient.
+    """Σ over kept positions of (student − teacher)², accumulated in float32, with its gradient.
 
-    The same value and gradient as ``((student - teacher) ** 2 * keep).sum()``, in one subtraction, one masking pass
-    and one dot product forward, one in-place multiplication backward, and one saved tensor: the attention loss runs it over
-    (B, A, T, T) tensors at every mapped layer, where each pass and each new buffer costs (bench/distill_throughput.py).
+    The same value and gradient as ``((student.float() - teacher.float()) ** 2 * keep).sum()``, in one subtraction,
+    one masking pass and one dot product forward, one in-place multiplication backward, and one saved tensor: the
+    attention loss runs it over (B, A, T, T) tensors at every mapped layer, where each pass and each new buffer costs
+    (bench/distill_throughput.py).
+
+    Half-precision inputs (fp16 or bf16, e.g. under autocast) are subtracted, squared and summed in float32 with
+    autocast off: in fp16 a single squared difference above 256 or a sum above 65504 is infinite, and a sum over
+    one batch of attention scores passes that at once. The gradient is returned in the student's dtype.
 
     Args:
-        student: any shape; the gradient flows to it.
-        teacher: the student's shape; it gets no gradient.
-        keep: 0/1 values broadcastable to that shape (1 keeps a position), or None to keep all. Values at excluded
-            positions must be finite (0 · inf is nan).
+        student: any shape, any floating dtype; the gradient flows to it.
+        teacher: the student's shape (or broadcastable to it); it gets no gradient.
+        keep: 0/1 values (bool or float) broadcastable to that shape (1 keeps a position), or None to keep all.
+            Values at excluded positions must be finite (0 · inf is nan).
         consume_teacher: write the difference into ``teacher``'s memory instead of a new buffer (its values are lost:
-            for a teacher output used once). Ignored unless dtypes and shapes agree.
+            for a teacher output read by nothing else). Ignored unless the teacher has the student's shape and is
+            already in the accumulation dtype.
 
     Returns:
-        Scalar, in the student's dtype.
+        Scalar in float32 (float64 for float64 inputs).
 
     Raises:
         ValueError: ``teacher`` requires a gradient (the target of a distillation loss is constant).
     """
     if teacher.requires_grad:
         raise ValueError("squared_error_sum: the teacher's tensor requires a gradient; pass teacher.detach()")
-    consume_teacher = consume_teacher and teacher.dtype == student.dtype and teacher.shape == student.shape
+    consume_teacher = (consume_teacher and teacher.dtype == accumulation_dtype(student.dtype)
+                       and teacher.shape == student.shape)
     return _SquaredErrorSum.apply(student, teacher, keep, consume_teacher)
 
 
@@ -98,52 +120,62 @@ def match_heads(teacher_scores: torch.Tensor, num_student_heads: int) -> torch.T
     return teacher_scores.view(batch, num_student_heads, group, queries, keys).mean(dim=2)
 
 
+def attention_error(
+    student_scores: torch.Tensor,
+    teacher_scores: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    consume_teacher: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sum and the count of :func:`attention_loss`: (Σ squared differences, A · number of valid pairs).
+
+    Both are float32 (the count is exact up to 2^24 ≈ 16.8M pairs · heads per batch, and rounds by at most one part
+    in 2^24 beyond): in fp16 the count alone overflows at batch 32, length 128, 12 heads (6.3M).
+    """
+    teacher_scores = match_heads(teacher_scores, student_scores.shape[1])
+    heads = student_scores.shape[1]
+    lengths = attention_mask.sum(dim=1, dtype=torch.int64)  # (B,) real tokens per example
+    count = (lengths * lengths).sum().to(torch.float32) * heads  # valid (query, key) pairs per head, times heads
+    if bool((lengths == attention_mask.shape[1]).all()):  # no padding: no masking pass
+        total = squared_error_sum(student_scores, teacher_scores, consume_teacher=consume_teacher)
+        return total, count
+    valid = attention_mask.bool()
+    pair_mask = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, T, T), True where both tokens are real
+    return squared_error_sum(student_scores, teacher_scores, pair_mask, consume_teacher=consume_teacher), count
+
+
 def attention_loss(
     student_scores: torch.Tensor,
     teacher_scores: torch.Tensor,
     attention_mask: torch.Tensor,
+    *,
     consume_teacher: bool = False,
 ) -> torch.Tensor:
     """L_attn for one layer pair: mean over heads of the MSE of pre-softmax scores (TinyBERT Eq. 7).
 
     Args:
-        student_scores: (B, A, T, T) pre-softmax scores QKᵀ/√d of a student layer.
+        student_scores: (B, A, T, T) pre-softmax scores QKᵀ/√d of a student layer, any floating dtype.
         teacher_scores: (B, A_T, T, T) of the mapped teacher layer (A_T a multiple of A, see :func:`match_heads`).
         attention_mask: (B, T), 1 for real tokens, 0 for padding.
         consume_teacher: the teacher's scores may be overwritten (see :func:`squared_error_sum`).
 
     Returns:
-        Scalar: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid pairs).
+        Scalar, float32: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid
+        pairs). Sums and counts are float32 whatever the inputs' dtype.
     """
-    teacher_scores = match_heads(teacher_scores, student_scores.shape[1])
-    batch, heads, tokens, _ = student_scores.shape
-    if bool(attention_mask.all()):  # no padding: no masking pass
-        return squared_error_sum(student_scores, teacher_scores, None, consume_teacher) / (batch * heads * tokens**2)
-    valid = attention_mask.to(student_scores.dtype)
-    pair_mask = valid[:, None, :, None] * valid[:, None, None, :]  # (B, 1, T, T), 1 where both tokens are real
-    num_pairs = pair_mask.sum() * heads
-    return squared_error_sum(student_scores, teacher_scores, pair_mask, consume_teacher) / num_pairs.clamp(min=1)
+    total, count = attention_error(student_scores, teacher_scores, attention_mask, consume_teacher=consume_teacher)
+    return total / count.clamp(min=1)
 
 
-def hidden_loss(
+def hidden_error(
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,
     attention_mask: torch.Tensor,
     projection: nn.Module | None = None,
+    *,
     consume_teacher: bool = False,
-) -> torch.Tensor:
-    """L_hidn / L_embd for one layer pair: MSE(h_S W, h_T) over real tokens (TinyBERT Eq. 8, 9).
-
-    Args:
-        student_hidden: (B, T, h_S).
-        teacher_hidden: (B, T, h_T).
-        attention_mask: (B, T), 1 for real tokens.
-        projection: learnable map h_S → h_T (W); None when h_S == h_T.
-        consume_teacher: the teacher's hidden states may be overwritten (see :func:`squared_error_sum`).
-
-    Returns:
-        Scalar: Σ over real tokens and h_T dims of squared differences / (number of real tokens · h_T).
-    """
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sum and the count of :func:`hidden_loss`: (Σ squared differences, real tokens · h_T), both float32."""
     if projection is not None:
         student_hidden = projection(student_hidden)
     if student_hidden.shape[-1] != teacher_hidden.shape[-1]:
@@ -151,8 +183,37 @@ def hidden_loss(
             f"student hidden size {student_hidden.shape[-1]} differs from the teacher's {teacher_hidden.shape[-1]} "
             "and no projection was given"
         )
-    valid = attention_mask.to(student_hidden.dtype)[..., None]  # (B, T, 1)
-    return squared_error_sum(student_hidden, teacher_hidden, valid, consume_teacher) / (valid.sum() * student_hidden.shape[-1]).clamp(min=1)
+    count = attention_mask.sum(dtype=torch.int64).to(torch.float32) * student_hidden.shape[-1]
+    valid = attention_mask.bool()[..., None]  # (B, T, 1)
+    return squared_error_sum(student_hidden, teacher_hidden, valid, consume_teacher=consume_teacher), count
+
+
+def hidden_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    projection: nn.Module | None = None,
+    *,
+    consume_teacher: bool = False,
+) -> torch.Tensor:
+    """L_hidn / L_embd for one layer pair: MSE(h_S W, h_T) over real tokens (TinyBERT Eq. 8, 9).
+
+    Args:
+        student_hidden: (B, T, h_S), any floating dtype.
+        teacher_hidden: (B, T, h_T).
+        attention_mask: (B, T), 1 for real tokens.
+        projection: learnable map h_S → h_T (W); None when h_S == h_T.
+        consume_teacher: the teacher's hidden states may be overwritten (see :func:`squared_error_sum`).
+
+    Returns:
+        Scalar, float32: Σ over real tokens and h_T dims of squared differences / (number of real tokens · h_T).
+
+    Raises:
+        ValueError: the sizes differ and no projection was given.
+    """
+    total, count = hidden_error(student_hidden, teacher_hidden, attention_mask, projection,
+                                consume_teacher=consume_teacher)
+    return total / count.clamp(min=1)
 
 
 def soft_cross_entropy(

@@ -3,20 +3,22 @@
 Every objective is an ``nn.Module`` with
 - ``trainable``: an ``nn.ModuleDict`` holding everything the optimizer updates and checkpoints save
   (the model, and for distillation the learnable projections W);
-- ``forward(batch) -> (loss, terms)``: a scalar loss and a dict of named scalar terms for logging.
+- ``forward(batch) -> (loss, terms)``: a scalar loss and a dict of named scalar terms for logging;
+- optionally ``inputs_differ``: after a forward, {term: scalar bool tensor} saying whether the values a term
+  compared differ, so the loop can tell a term that is exactly 0 because student and teacher agree from one whose
+  value was lost to rounding or overflow.
 A frozen teacher lives outside ``trainable``: it is never optimised or checkpointed.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import nn
 
 from distill.capture import CaptureError, capture_support, check_capture, run_model
-from distill.losses import attention_loss, hidden_loss, prediction_loss
-
-INTERMEDIATE_TERMS = ("embedding", "hidden", "attention")
-PREDICTION_TERMS = ("prediction",)
+from distill.terms import LOSS_TERMS, TeacherOutputs, terms_of
 
 
 class ModelLossObjective(nn.Module):
@@ -73,9 +75,9 @@ class MaskedLMObjective(nn.Module):
 class DistillationObjective(nn.Module):
     """TinyBERT's distillation objective for one step (Jiao et al., 2020, Eq. 11).
 
-    The loss is Σ_terms weight · term, where the intermediate terms are summed over mapped layers:
-    ``embedding`` (layer 0 ↔ 0), ``hidden`` (m ↔ g(m), m = 1..M), ``attention`` (m ↔ g(m)); and ``prediction``
-    is the soft cross-entropy on logits (MSE for regression).
+    The loss is Σ_terms weight · term over the registered terms of :data:`distill.terms.LOSS_TERMS`: ``embedding``
+    (layer 0 ↔ 0), ``hidden`` (m ↔ g(m), m = 1..M), ``attention`` (m ↔ g(m)), summed over mapped layers, and
+    ``prediction``, the soft cross-entropy on logits (MSE for regression).
 
     Args:
         teacher: frozen teacher (put in eval mode, gradients off).
@@ -87,6 +89,10 @@ class DistillationObjective(nn.Module):
             (paper). Projections exist only where h_S ≠ h_T.
         temperature, temperature_squared, hard_label_weight: see :func:`distill.losses.prediction_loss`.
         regression: the task is regression (single output); prediction uses MSE.
+
+    Raises:
+        ValueError: an unregistered term, or a layer map whose length is not the student's depth.
+        CaptureError: a model whose hidden states or attention scores cannot be captured.
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class DistillationObjective(nn.Module):
         student: nn.Module,
         terms: dict[str, float],
         layer_map: list[int],
+        *,
         share_projection: bool = False,
         temperature: float = 1.0,
         temperature_squared: bool = False,
@@ -102,27 +109,31 @@ class DistillationObjective(nn.Module):
         regression: bool = False,
     ):
         super().__init__()
-        unknown = set(terms) - set(INTERMEDIATE_TERMS + PREDICTION_TERMS)
+        unknown = set(terms) - set(LOSS_TERMS)
         if unknown:
-            raise ValueError(f"unknown loss terms {sorted(unknown)}; use {INTERMEDIATE_TERMS + PREDICTION_TERMS}")
+            raise ValueError(f"unknown loss terms {sorted(unknown)}; use {', '.join(LOSS_TERMS)}")
         num_student_layers = student.config.num_hidden_layers
         if len(layer_map) != num_student_layers:
             raise ValueError(f"layer_map has {len(layer_map)} entries for a {num_student_layers}-layer student")
         self.teacher = teacher.eval().requires_grad_(False)
-        self.terms = dict(terms)
+        self.terms = {name: terms[name] for name in LOSS_TERMS if name in terms}  # registry order
         self.layer_map = list(layer_map)
         self.temperature = temperature
         self.temperature_squared = temperature_squared
         self.hard_label_weight = hard_label_weight
         self.regression = regression
-        self.needs_intermediate = any(t in self.terms for t in INTERMEDIATE_TERMS)
-        if "attention" in self.terms:
+        self.needs_intermediate = any(LOSS_TERMS[name].step == "intermediate" for name in self.terms)
+        self.needs_attentions = any(LOSS_TERMS[name].reads_attentions for name in self.terms)
+        # Every teacher buffer the terms will read, counted: the last reader of a buffer may overwrite it.
+        self.teacher_reads = Counter(read for name in self.terms for read in LOSS_TERMS[name].teacher_reads(self.layer_map))
+        self.inputs_differ: dict[str, torch.Tensor] = {}
+        if self.needs_attentions:
             # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only.
             check_capture(teacher, [g - 1 for g in self.layer_map], fused=True, role="teacher")
             check_capture(student, role="student")
         elif self.needs_intermediate:  # hidden states only: still refuse models that cannot be matched layer by layer
             for role, model in (("teacher", teacher), ("student", student)):
-                if (reason := capture_support(model.config)) is not None:
+                if (reason := capture_support(model.config, role)) is not None:
                     raise CaptureError(f"{role}: {reason}")
         self.trainable = nn.ModuleDict(
             {"student": student, "projections": self._projections(student, teacher, share_projection)}
@@ -149,41 +160,24 @@ class DistillationObjective(nn.Module):
         return self
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        capture_attention = "attention" in self.terms
+        cached_logits = batch.get("teacher_logits")
         teacher = None
-        if self.needs_intermediate or "teacher_logits" not in batch:  # cached logits skip the teacher forward
+        if self.needs_intermediate or cached_logits is None:  # cached logits skip the teacher forward
             with torch.no_grad():
-                teacher = run_model(self.teacher, batch, self.needs_intermediate, capture_attention)
-        student = run_model(self.trainable["student"], batch, self.needs_intermediate, capture_attention)
-        mask = batch["attention_mask"]
-        # The teacher's outputs were made for this step alone: a loss may write into them when nothing else reads
-        # them (each teacher layer mapped once), which saves a (B, A, T, T) buffer per layer.
-        once = len(set(self.layer_map)) == len(self.layer_map)
-        values: dict[str, torch.Tensor] = {}
-        if "embedding" in self.terms:
-            values["embedding"] = hidden_loss(
-                student.hidden_states[0], teacher.hidden_states[0], mask, self.projection("embedding"), True
-            )
-        if "hidden" in self.terms:
-            values["hidden"] = sum(
-                hidden_loss(student.hidden_states[m], teacher.hidden_states[g], mask, self.projection("hidden"), once)
-                for m, g in enumerate(self.layer_map, start=1)
-            )
-        if capture_attention:
-            values["attention"] = sum(
-                attention_loss(student.attentions[m - 1], teacher.attentions[g - 1], mask, once)
-                for m, g in enumerate(self.layer_map, start=1)
-            )
-        if "prediction" in self.terms:
-            teacher_logits = batch["teacher_logits"] if teacher is None else teacher.logits
-            values["prediction"] = prediction_loss(
-                student.logits,
-                teacher_logits,
-                self.temperature,
-                self.temperature_squared,
-                self.regression,
-                batch.get("labels"),
-                self.hard_label_weight,
-            )
-        loss = sum(self.terms[name] * value for name, value in values.items())
-        return loss, {name: value.detach() for name, value in values.items()}
+                teacher = run_model(self.teacher, batch, self.needs_intermediate, self.needs_attentions)
+        student = run_model(self.trainable["student"], batch, self.needs_intermediate, self.needs_attentions)
+        # The teacher's outputs were made for this step alone; the terms get them through one object that lets the
+        # last reader of a buffer overwrite it, and refuses reads once the terms are done.
+        outputs = TeacherOutputs(teacher, cached_logits, self.teacher_reads)
+        del teacher
+        values = {name: LOSS_TERMS[name].compute(self, student, outputs, batch) for name in self.terms}
+        outputs.close()
+        self.inputs_differ = {name: value.inputs_differ for name, value in values.items()}
+        loss = sum(self.terms[name] * value.loss for name, value in values.items())
+        return loss, {name: value.loss.detach() for name, value in values.items()}
+
+
+def intermediate_terms(weights: dict[str, float]) -> dict[str, float]:
+    """The intermediate step's loss terms with their weights (default 1); terms weighted 0 are left out."""
+    terms = {name: weights.get(name, 1.0) for name in terms_of("intermediate")}
+    return {name: weight for name, weight in terms.items() if weight > 0}

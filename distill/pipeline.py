@@ -36,7 +36,7 @@ from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
 from distill.evaluate import evaluate_task, predict
 from distill.general import PROJECTIONS_FILE, save_projections
 from distill.layer_map import build_layer_map
-from distill.objective import DistillationObjective
+from distill.objective import DistillationObjective, intermediate_terms
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
 from distill.trainer import train
 from students import build_student, student_shape
@@ -142,12 +142,6 @@ def _student_layers(config: PipelineConfig) -> int:
     return student_shape(config.student)["num_hidden_layers"]
 
 
-def intermediate_terms(weights: dict[str, float]) -> dict[str, float]:
-    """The intermediate step's loss terms with their weights (default 1); terms weighted 0 are left out."""
-    terms = {t: weights.get(t, 1.0) for t in ("embedding", "hidden", "attention")}
-    return {t: w for t, w in terms.items() if w > 0}
-
-
 def _distill_step(
     name: str, config: PipelineConfig, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
     terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str,
@@ -157,8 +151,9 @@ def _distill_step(
         config.distill.layer_map, teacher.config.num_hidden_layers, student.config.num_hidden_layers
     ) if name == "intermediate" else list(range(1, student.config.num_hidden_layers + 1))  # unused by logits alone
     objective = DistillationObjective(
-        teacher, student, terms, layer_map, config.distill.share_projection, config.distill.temperature,
-        config.distill.temperature_squared, config.distill.hard_label_weight, spec.is_regression,
+        teacher, student, terms, layer_map, share_projection=config.distill.share_projection,
+        temperature=config.distill.temperature, temperature_squared=config.distill.temperature_squared,
+        hard_label_weight=config.distill.hard_label_weight, regression=spec.is_regression,
     )
     if name == "intermediate" and config.student.model is not None:
         load_projections(objective, Path(config.student.model))

@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """A loss term became NaN or infinite; the last good checkpoint is kept."""
+    """A loss term became NaN or infinite, or exactly 0 while the values it compares differ (its value was lost to
+    rounding or overflow); the last good checkpoint is kept."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -229,7 +230,7 @@ def train(
     with (output_dir / "log.jsonl").open("a", encoding="utf-8") as log_file, stop_on_signal() as stop:
         try:
             _loop(model, trainable, optimizer, scheduler, data, state, steps, config, accelerator, log_file, progress,
-                  output_dir, run_id, description, stop)
+                  output_dir, run_id, description, stop, objective)
         finally:
             progress.close()
             for tracker in accelerator.trackers:  # not end_training(): that also ends the process group later stages use
@@ -239,7 +240,7 @@ def train(
 
 def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: TrainState, steps: int,
           config: TrainConfig, accelerator: Accelerator, log_file, progress, output_dir: Path, run_id: str,
-          description: str, stop: dict) -> None:
+          description: str, stop: dict, objective: nn.Module) -> None:
     """Optimizer steps from ``state`` to ``steps``, logging and checkpointing; see :func:`train`."""
     world = accelerator.num_processes
     accumulate = config.gradient_accumulation_steps
@@ -263,7 +264,7 @@ def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: Train
             with nullcontext() if sync or world == 1 else model.no_sync():
                 with accelerator.autocast():
                     loss, terms = model(batch)
-                _check_finite(loss, terms, state, description)
+                _check_terms(loss, terms, getattr(objective, "inputs_differ", None), state, description)
                 accelerator.backward(loss / accumulate)
             state.batch_in_epoch += 1
             size = len(batch["input_ids"]) * world
@@ -383,15 +384,35 @@ def _truncate_log(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
-def _check_finite(loss: torch.Tensor, terms: dict, state: TrainState, description: str) -> None:
-    if torch.isfinite(loss):
-        return
-    bad = [name for name, value in terms.items() if not torch.isfinite(value)] or ["total"]
-    raise NonFiniteLossError(
-        f"{description}: loss term {bad[0]!r} is {terms.get(bad[0], loss).item()} at optimizer step {state.step + 1} "
-        f"(epoch {state.epoch}, batch {state.batch_in_epoch}); stopping. The last good checkpoint is kept; lower the "
-        "learning rate or check the data, then re-run to resume."
-    )
+def _check_terms(loss: torch.Tensor, terms: dict, inputs_differ: dict | None, state: TrainState,
+                 description: str) -> None:
+    """Stop on a loss term that is NaN or infinite, or exactly 0 while the values it compares differ.
+
+    One host synchronisation per micro-batch: the loss, the terms and the objective's ``inputs_differ`` flags are read
+    together.
+    """
+    names = list(terms)
+    differ = inputs_differ or {}
+    flags = [differ[name] for name in names if name in differ]
+    values = torch.stack([loss.detach().float(), *[terms[n].float() for n in names],
+                          *[f.float() for f in flags]]).tolist()
+    total, term_values, differ_values = values[0], values[1 : 1 + len(names)], values[1 + len(names):]
+    where = f"at optimizer step {state.step + 1} (epoch {state.epoch}, batch {state.batch_in_epoch})"
+    for name, value in [*zip(names, term_values), ("total", total)]:
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"{description}: loss term {name!r} is {value} {where}; stopping. The last good checkpoint is kept; "
+                "lower the learning rate or check the data, then re-run to resume."
+            )
+    flagged = dict(zip([n for n in names if n in differ], differ_values))
+    for name, value in zip(names, term_values):
+        if value == 0.0 and flagged.get(name, 0.0) > 0:
+            raise NonFiniteLossError(
+                f"{description}: loss term {name!r} is exactly 0 {where} while the student's and teacher's values it "
+                "compares differ: its sum or count was lost to rounding or overflow (e.g. accumulated in fp16), and "
+                "training on it would be wrong. Stopping; the last good checkpoint is kept. Train in fp32 or bf16 "
+                "(mixed_precision: no | bf16) and report the case."
+            )
 
 
 def _log(log_file, state: TrainState, loss, terms: dict, scheduler, window: dict, accelerator: Accelerator) -> None:

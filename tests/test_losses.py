@@ -177,3 +177,68 @@ def test_squared_error_sum_value_and_gradient_match_plain_autograd(shape, keep_s
 def test_squared_error_sum_refuses_a_teacher_with_gradient():
     with pytest.raises(ValueError, match="detach"):
         squared_error_sum(torch.ones(2), torch.zeros(2, requires_grad=True))
+
+
+def test_a_term_added_after_the_others_reads_the_teachers_true_outputs(monkeypatch):
+    """The squared-error terms overwrite teacher buffers they read last; a term registered after them that declares
+    the same reads must still see the teacher's real outputs, and nothing may read them once the terms are done."""
+    from distill.terms import LOSS_TERMS, LossTerm, TermValue
+
+    seen = {}
+
+    def probe(objective, student, teacher, batch):
+        for g in objective.layer_map:
+            seen[("hidden_states", g)] = teacher.take("hidden_states", g)[0].clone()
+            seen[("attentions", g)] = teacher.take("attentions", g)[0].clone()
+        seen["outputs"] = teacher
+        zero = student.hidden_states[0].sum() * 0
+        return TermValue(zero, torch.tensor(False))
+
+    reads = lambda layer_map: [(kind, g) for g in layer_map for kind in ("hidden_states", "attentions")]  # noqa: E731
+    monkeypatch.setitem(LOSS_TERMS, "probe", LossTerm("probe", "intermediate", reads, True, probe, "test"))
+    teacher = tiny_bert(seed=0)
+    student = tiny_bert(seed=1, hidden_size=16, intermediate_size=32)
+    objective = DistillationObjective(teacher, student, {"hidden": 1, "attention": 1, "probe": 1}, [1, 2])
+    batch = padded_batch()
+    objective(batch)
+    from distill.capture import run_model
+
+    with torch.no_grad():
+        fresh = run_model(teacher, batch)
+    for g in (1, 2):
+        torch.testing.assert_close(seen[("hidden_states", g)], fresh.hidden_states[g])
+        torch.testing.assert_close(seen[("attentions", g)], fresh.attentions[g - 1])
+    with pytest.raises(RuntimeError, match="read after the loss terms"):
+        seen["outputs"].take("hidden_states", 1)
+
+
+def test_the_last_reader_consumes_and_an_undeclared_read_is_refused():
+    from collections import Counter
+
+    from distill.capture import ModelOutputs
+    from distill.terms import TeacherOutputs
+
+    hidden = tuple(torch.zeros(1, 2, 3) for _ in range(3))
+    outputs = TeacherOutputs(ModelOutputs(None, hidden, (), torch.ones(1, 2)), None,
+                             Counter({("hidden_states", 1): 2, ("hidden_states", 2): 1}))
+    assert outputs.take("hidden_states", 1)[1] is False  # another reader follows
+    assert outputs.take("hidden_states", 1)[1] is True  # the last one may overwrite it
+    assert outputs.take("hidden_states", 2)[1] is True
+    with pytest.raises(RuntimeError, match="not declared"):
+        outputs.take("hidden_states", 0)
+
+
+def test_loss_terms_come_from_one_registry():
+    from distill.config import ConfigError, DistillConfig, GeneralConfig
+    from distill.objective import intermediate_terms
+    from distill.terms import LOSS_TERMS, terms_of
+
+    assert list(LOSS_TERMS) == ["embedding", "hidden", "attention", "prediction"]
+    assert terms_of("intermediate") == ("embedding", "hidden", "attention")
+    assert intermediate_terms({"attention": 0}) == {"embedding": 1.0, "hidden": 1.0}
+    with pytest.raises(ConfigError, match="weights.attn: unknown loss term; use embedding, hidden, attention, prediction"):
+        DistillConfig(weights={"attn": 1.0})
+    with pytest.raises(ConfigError, match="weights.prediction: unknown loss term; use embedding, hidden, attention$"):
+        GeneralConfig(weights={"prediction": 1.0})
+    with pytest.raises(ValueError, match="unknown loss terms"):
+        DistillationObjective(tiny_bert(), tiny_bert(), {"attn": 1.0}, [1, 2])

@@ -1,5 +1,6 @@
 """The training loop: exact resume, run-id checks, non-finite losses."""
 
+import dataclasses
 import json
 
 import datasets
@@ -279,3 +280,31 @@ def test_bf16_mixed_precision_runs_the_step_in_bf16(tmp_path, tiny_tokenizer):
         assert bf16["loss"] != fp32["loss"]  # and autocast really was on
     for a, b in zip(full.trainable.parameters(), half.trainable.parameters()):
         assert a.dtype == b.dtype == torch.float32  # master weights stay fp32
+
+
+def test_a_term_exactly_zero_while_its_inputs_differ_stops_training(tmp_path, tiny_tokenizer, monkeypatch):
+    """The check behind fp16's silent failure (a count that overflows to inf makes a loss exactly 0): a term that is
+    0.0 while the values it compares differ stops training, naming the term and the step."""
+    from distill.terms import LOSS_TERMS, TermValue
+
+    real = LOSS_TERMS["attention"]
+
+    def lost(objective, student, teacher, batch):
+        value = real.compute(objective, student, teacher, batch)
+        return TermValue(value.loss / torch.tensor(float("inf")), value.inputs_differ)  # count overflowed
+
+    monkeypatch.setitem(LOSS_TERMS, "attention", dataclasses.replace(real, compute=lost))
+    with pytest.raises(NonFiniteLossError, match=r"loss term 'attention' is exactly 0 at optimizer step 1 \(epoch 0, "
+                       r"batch 0\) while the student's and teacher's values it compares differ"):
+        train(_distill_objective(), _data(), _Pad(tiny_tokenizer), TrainConfig(max_steps=2, batch_size=4), tmp_path,
+              "run")
+
+
+def test_a_term_exactly_zero_because_student_equals_teacher_trains_on(tmp_path, tiny_tokenizer):
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    teacher, student = tiny_bert(seed=0, **no_dropout), tiny_bert(seed=0, **no_dropout).train()
+    objective = DistillationObjective(teacher, student, {"embedding": 1}, [1, 2])
+    config = TrainConfig(max_steps=1, batch_size=4, log_steps=1)
+    train(objective, _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
+    (line,) = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert line["loss/embedding"] == 0.0

@@ -1,0 +1,159 @@
+"""The registry of distillation loss terms: each term is defined once, here, and everything else reads it.
+
+A :class:`LossTerm` names a term, the step it belongs to, what it reads from the teacher's outputs (per layer map)
+and the function that computes it from the student's and teacher's :class:`~distill.capture.ModelOutputs`. Config
+validation (``distill.weights`` keys), the objective, the pipeline (which terms make an intermediate step) and the
+docs take the list of terms from :data:`LOSS_TERMS`.
+
+The teacher's outputs are made for one step and then dropped, so the squared-error losses may write into them instead
+of allocating a (B, A, T, T) buffer per layer (see :func:`distill.losses.squared_error_sum`). That is safe only for
+the last reader of a buffer. :class:`TeacherOutputs` hands buffers to the terms and decides: it counts every term's
+declared reads before the step and lets a buffer be consumed only by its last declared reader; after the terms it is
+closed, so nothing can read a consumed buffer by mistake.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from distill.capture import ModelOutputs
+from distill.losses import attention_error, hidden_error, prediction_loss
+
+if TYPE_CHECKING:
+    from distill.objective import DistillationObjective
+
+# A teacher buffer: ("hidden_states", l) for layer l (0: embeddings), ("attentions", l) for layer l's scores
+# (1-based, as the layer map), ("logits", 0).
+Read = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TermValue:
+    """One term's value for a step.
+
+    Attributes:
+        loss: scalar, float32.
+        inputs_differ: scalar bool tensor, whether any compared student and teacher values differ. A loss that is
+            exactly 0 while they differ has lost its value to rounding or overflow (see the trainer's check).
+    """
+
+    loss: torch.Tensor
+    inputs_differ: torch.Tensor
+
+
+class TeacherOutputs:
+    """The teacher's outputs for one step, handed to loss terms buffer by buffer.
+
+    Args:
+        outputs: the teacher's record, or None when the step runs no teacher forward (cached logits).
+        cached_logits: (B, C) teacher logits from the batch (the prediction step's cache), or None.
+        reads: every read the step's terms will make, counted (see :meth:`LossTerm.teacher_reads`).
+    """
+
+    def __init__(self, outputs: ModelOutputs | None, cached_logits: torch.Tensor | None, reads: Counter):
+        self._outputs, self._cached_logits = outputs, cached_logits
+        self._remaining = Counter(reads)
+        self._closed = False
+
+    def take(self, kind: str, layer: int = 0) -> tuple[torch.Tensor, bool]:
+        """A teacher buffer and whether the caller may overwrite it (it is the buffer's last declared reader).
+
+        Raises:
+            RuntimeError: the step's terms are done (the buffers may hold differences now), or the read was not
+                declared by the term's ``teacher_reads``.
+        """
+        if self._closed:
+            raise RuntimeError(f"teacher {kind}[{layer}] read after the loss terms: its buffer may have been "
+                               "overwritten; read it inside a LossTerm that declares it in teacher_reads")
+        if self._remaining[(kind, layer)] <= 0:
+            raise RuntimeError(f"teacher {kind}[{layer}] was not declared by the reading term's teacher_reads (or is "
+                               "read more often than declared)")
+        self._remaining[(kind, layer)] -= 1
+        if kind == "logits":
+            logits = self._cached_logits if self._outputs is None else self._outputs.logits
+            return logits, False  # small, and the caller may keep them: never consumed
+        if kind == "hidden_states":
+            tensor = self._outputs.hidden_states[layer]
+        else:
+            tensor = self._outputs.attentions[layer - 1]
+        return tensor, self._remaining[(kind, layer)] == 0
+
+    def close(self) -> None:
+        """Refuse every later read; drop the references so the buffers are freed with the step."""
+        self._closed, self._outputs, self._cached_logits = True, None, None
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """A distillation loss term.
+
+    Attributes:
+        name: config and log name (``distill.weights.<name>``, ``loss/<name>``).
+        step: "intermediate" (layer-wise: task distillation's first step and general distillation) or "prediction".
+        teacher_reads: the teacher buffers the term reads, given the layer map [g(1), ..., g(M)].
+        reads_attentions: the models must return attention scores for this term.
+        compute: (objective, student outputs, teacher outputs, batch) -> :class:`TermValue`.
+        source: where the term comes from (paper, equation).
+    """
+
+    name: str
+    step: str
+    teacher_reads: Callable[[list[int]], list[Read]]
+    reads_attentions: bool
+    compute: Callable[["DistillationObjective", ModelOutputs, TeacherOutputs, dict], TermValue]
+    source: str
+
+
+def _embedding(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
+    target, consume = teacher.take("hidden_states", 0)
+    total, count = hidden_error(student.hidden_states[0], target, batch["attention_mask"],
+                                objective.projection("embedding"), consume_teacher=consume)
+    return TermValue(total / count.clamp(min=1), total > 0)
+
+
+def _hidden(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
+    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
+    for m, g in enumerate(objective.layer_map, start=1):
+        target, consume = teacher.take("hidden_states", g)
+        total, count = hidden_error(student.hidden_states[m], target, batch["attention_mask"],
+                                    objective.projection("hidden"), consume_teacher=consume)
+        loss, differ = loss + total / count.clamp(min=1), differ | (total > 0)
+    return TermValue(loss, differ)
+
+
+def _attention(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
+    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
+    for m, g in enumerate(objective.layer_map, start=1):
+        target, consume = teacher.take("attentions", g)
+        total, count = attention_error(student.attentions[m - 1], target, batch["attention_mask"],
+                                       consume_teacher=consume)
+        loss, differ = loss + total / count.clamp(min=1), differ | (total > 0)
+    return TermValue(loss, differ)
+
+
+def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
+    target, _ = teacher.take("logits")
+    loss = prediction_loss(student.logits, target, objective.temperature, objective.temperature_squared,
+                           objective.regression, batch.get("labels"), objective.hard_label_weight)
+    return TermValue(loss, (student.logits.float() != target.float()).any())
+
+
+LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (
+    LossTerm("embedding", "intermediate", lambda layer_map: [("hidden_states", 0)], False, _embedding,
+             "TinyBERT (Jiao et al., 2020), Eq. 9: MSE(E_S W_e, E_T)"),
+    LossTerm("hidden", "intermediate", lambda layer_map: [("hidden_states", g) for g in layer_map], False, _hidden,
+             "TinyBERT Eq. 8: MSE(H_S W_h, H_T) per mapped layer"),
+    LossTerm("attention", "intermediate", lambda layer_map: [("attentions", g) for g in layer_map], True, _attention,
+             "TinyBERT Eq. 7: MSE of pre-softmax scores, mean over heads, per mapped layer"),
+    LossTerm("prediction", "prediction", lambda layer_map: [("logits", 0)], False, _prediction,
+             "TinyBERT Eq. 10: soft cross-entropy on logits (MSE for regression)"),
+)}
+
+
+def terms_of(step: str) -> tuple[str, ...]:
+    """Names of the registered terms of a step ("intermediate" or "prediction"), in registry order."""
+    return tuple(name for name, term in LOSS_TERMS.items() if term.step == step)
