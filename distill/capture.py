@@ -15,6 +15,8 @@ logits equal those of ``attn_implementation="eager"`` to float rounding (tested)
 
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -145,8 +147,13 @@ NOT_CAPTURABLE = {
     "bart": "an encoder-decoder",
     "deberta": "its disentangled attention does not dispatch through the attention interface",
     "deberta-v2": "its disentangled attention does not dispatch through the attention interface",
-    "mpnet": "its relative-position attention does not dispatch through the attention interface",
 }
+# Families whose attention does not dispatch through the interface but whose scores forward hooks can recompute
+# (see :class:`HookedScores`): teachers only, since a student's scores must come from the attention it trains.
+HOOKED = {"mpnet"}
+TEACHER_ONLY_REASON = ("its attention does not dispatch through the attention interface: its scores are captured by "
+                       "forward hooks, which serve a frozen teacher only. Use a student of a supported family that "
+                       "shares its tokenizer (student.model_type: bert, the default for such a teacher)")
 LOGIT_ONLY_HINT = ("Logit-only distillation (the prediction step alone) still works for it: set distill.weights: "
                    "{embedding: 0, hidden: 0, attention: 0} and a student of a supported family (student.model_type: "
                    "bert) that shares the teacher's tokenizer.")
@@ -161,15 +168,22 @@ def capture_support(config, role: str = "model") -> str | None:
         role: "teacher", "student" or "model": some families can be captured as a frozen teacher only.
     """
     model_type = getattr(config, "model_type", None)
-    if model_type in NOT_CAPTURABLE:
+    if model_type in HOOKED:
+        if role == "teacher":
+            return None
+        reason = TEACHER_ONLY_REASON
+    elif model_type in NOT_CAPTURABLE:
         reason = NOT_CAPTURABLE[model_type]
     elif getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
         reason = "an encoder-decoder or decoder"
     else:
         return None
+    if model_type in HOOKED:
+        return f"model type {model_type!r} cannot be a {role} for layer-wise distillation: {reason}"
     return (f"model type {model_type!r} is not a BERT-style encoder ({reason}): its hidden states and attention "
             f"scores cannot be matched layer by layer. Supported: {', '.join(SUPPORTED)} and other encoders whose "
-            f"attention dispatches through the transformers attention interface. {LOGIT_ONLY_HINT}")
+            f"attention dispatches through the transformers attention interface, and {', '.join(sorted(HOOKED))} as "
+            f"a teacher. {LOGIT_ONLY_HINT}")
 
 
 def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False) -> nn.Module:
@@ -186,9 +200,21 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
 
     The setting is not saved by ``save_pretrained``: a saved model loads with its default attention.
 
+    Families in :data:`HOOKED` (MPNet) keep their own attention; forward hooks recompute the scores of the captured
+    layers instead (:class:`HookedScores`), which :func:`run_model` returns.
+
     Raises:
         CaptureError: the model does not support custom attention functions.
     """
+    if getattr(model.config, "model_type", None) in HOOKED:
+        num_layers = model.config.num_hidden_layers
+        captured = list(range(num_layers)) if layers is None else sorted(set(layers))
+        previous = getattr(model, "score_hooks", None)
+        if previous is not None:
+            previous.remove()
+        model.score_hooks = HookedScores(model, captured)
+        model.captured_layers = captured
+        return model
     try:
         model.set_attn_implementation(SCORES_ATTENTION)
     except (ValueError, KeyError, AttributeError) as error:
@@ -205,6 +231,79 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
             module.capture_mode = ("fused" if fused else "eager") if module.layer_idx in captured else "off"
     model.captured_layers = captured
     return model
+
+
+class HookedScores:
+    """Pre-softmax attention scores of a frozen MPNet teacher, recomputed by forward hooks (no model code forked).
+
+    MPNet's self-attention (``MPNetSelfAttention``) computes S = QKᵀ/√d + B, where B is the relative position bias
+    the encoder computes once and passes to every layer, and returns softmax probabilities. Hooks on each captured
+    layer's query and key projections keep their outputs; a hook on the self-attention module takes the bias from its
+    inputs and forms S the way the module does (same operations, same order), so softmax(S + mask) equals the
+    model's probabilities to float rounding (checked on a probe batch by :func:`check_capture`). The query/key
+    outputs are the ones the model computed: capture costs one (B, A, T, T) matmul per captured layer.
+
+    Args:
+        model: an MPNet model (classifier or bare encoder).
+        layers: 0-based indices of the layers whose scores are kept.
+    """
+
+    def __init__(self, model: nn.Module, layers: list[int]):
+        self.layers = list(layers)
+        self.num_layers = model.config.num_hidden_layers
+        self.active = False
+        self.scores: dict[int, torch.Tensor] = {}
+        self._projections: dict[tuple[int, str], torch.Tensor] = {}
+        self.handles = []
+        encoder_layers = model.base_model.encoder.layer
+        for index in self.layers:
+            attention = encoder_layers[index].attention.attn
+            for name in ("q", "k"):
+                self.handles.append(getattr(attention, name).register_forward_hook(self._keep(index, name)))
+            self.handles.append(attention.register_forward_hook(self._scores(index, attention), with_kwargs=True))
+
+    def _keep(self, index: int, name: str):
+        def hook(module, args, output):
+            if self.active:
+                self._projections[(index, name)] = output
+        return hook
+
+    def _scores(self, index: int, attention: nn.Module):
+        head_size = attention.attention_head_size
+
+        def hook(module, args, kwargs, output):
+            if not self.active:
+                return
+            query = self._projections.pop((index, "q"))
+            key = self._projections.pop((index, "k"))
+            shape = (*query.shape[:-1], -1, head_size)
+            query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
+            scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(head_size)
+            bias = kwargs.get("position_bias", args[2] if len(args) > 2 else None)
+            if bias is not None:
+                scores += bias
+            self.scores[index] = scores
+        return hook
+
+    @contextmanager
+    def recording(self, enabled: bool = True):
+        """Keep the scores of the forward passes run inside (when ``enabled``)."""
+        self.active, self.scores = enabled, {}
+        try:
+            yield self
+        finally:
+            self.active = False
+            self._projections.clear()
+
+    def collect(self) -> tuple[torch.Tensor | None, ...]:
+        """L entries: the captured layers' scores (B, A, T, T), None for the others."""
+        scores, self.scores = self.scores, {}
+        return tuple(scores.get(i) for i in range(self.num_layers))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
 
 @dataclass
@@ -236,6 +335,16 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     if "token_type_ids" in inputs and getattr(model.config, "type_vocab_size", 0) <= 1:
         inputs.pop("token_type_ids")  # RoBERTa-style models have a single token type
+    hooks = getattr(model, "score_hooks", None)
+    if hooks is not None:  # scores from forward hooks; the model's own attention probabilities are not needed
+        with hooks.recording(attentions):
+            outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=False)
+        return ModelOutputs(
+            logits=getattr(outputs, "logits", None),
+            hidden_states=tuple(outputs.hidden_states or ()),
+            attentions=hooks.collect() if attentions else (),
+            attention_mask=batch["attention_mask"],
+        )
     outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=attentions)
     returned = tuple(outputs.attentions or ())
     captured = getattr(model, "captured_layers", None)
@@ -272,7 +381,7 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
     """
     config = model.config
     model_type = getattr(config, "model_type", type(model).__name__)
-    reason = capture_support(config)
+    reason = capture_support(config, role)
     if reason is not None:
         raise CaptureError(f"{role}: {reason}")
     was_training = model.training

