@@ -302,10 +302,12 @@ def run_adapt_mlm_command(config, args) -> int:
     from distill.checkpoint import stage_done
     from teachers import adapt_mlm
 
+    from distill.device import run_device
+
     folder = Path(config.output_dir)
     run_id = fingerprint(config.mlm)
     if stage_done(folder, run_id) is None:
-        adapt_mlm(config.mlm, folder, run_id)
+        adapt_mlm(config.mlm, folder, run_id, device=run_device())
     print(f"masked LM saved to {folder}")
     return 0
 

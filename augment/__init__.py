@@ -26,13 +26,14 @@ __all__ = [
 ]
 
 
-def generator_factory(config, masked_lm_name: str, device: str = "cpu") -> "functools.partial[CandidateGenerator]":
+def generator_factory(config, masked_lm_name: str, *, device) -> "functools.partial[CandidateGenerator]":
     """A picklable zero-argument callable that builds the generator (what worker processes need)."""
-    return functools.partial(build_generator, config, masked_lm_name, device)
+    return functools.partial(build_generator, config, masked_lm_name, device=device)
 
 
-def build_generator(config, masked_lm_name: str, device: str = "cpu") -> CandidateGenerator:
-    """A :class:`CandidateGenerator` from an :class:`~distill.config.AugmentConfig` and a masked LM name or path.
+def build_generator(config, masked_lm_name: str, *, device) -> CandidateGenerator:
+    """A :class:`CandidateGenerator` from an :class:`~distill.config.AugmentConfig` and a masked LM name or path,
+    with the masked LM and the word-vector neighbour search on ``device`` (the run's device).
 
     Raises:
         teachers.ModelError: the masked LM has no MLM head.
@@ -44,7 +45,7 @@ def build_generator(config, masked_lm_name: str, device: str = "cpu") -> Candida
     return CandidateGenerator(
         load_masked_lm(masked_lm_name),
         load_tokenizer(masked_lm_name),
-        NeighbourCache(vectors, config.num_candidates),
+        NeighbourCache(vectors, config.num_candidates, device=device),
         load_stopwords(config.stopwords),
         config.num_candidates,
         config.mlm_context,

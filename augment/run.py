@@ -20,6 +20,7 @@ from augment.vectors import check_word_vectors
 from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
 from distill.data import DataError, load_task_data, read_table, require_columns, task_spec
+from distill.device import run_device
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def run_augment(
     text_columns: list[str] | None = None,
     split: str = "train",
     export: str | None = None,
+    device=None,
 ) -> dict:
     """Augment a training set into ``config.output_dir`` (resuming a killed run), optionally export it.
 
@@ -67,6 +69,8 @@ def run_augment(
         text_columns: one column, or two for pair tasks (each augmented independently).
         split: split of a saved ``DatasetDict`` or hub dataset.
         export: a ``.jsonl``, ``.csv`` or ``.tsv`` path to also write the result to.
+        device: where the masked LM and the word-vector search run; None: the run's device
+            (:func:`distill.device.run_device`).
 
     Returns:
         {"num_examples", "num_rows", "num_augmented", "seconds", "output", "sample" (first rows)}.
@@ -94,12 +98,13 @@ def run_augment(
         if config.augment.num_workers > 1:
             load_masked_lm(config.mlm.model)  # fail here, not in every worker
         start = time.perf_counter()
-        factory = generator_factory(config.augment, config.mlm.model)
+        device = device if device is not None else run_device()
+        factory = generator_factory(config.augment, config.mlm.model, device=device)
         augmented = augment_dataset(data, columns, factory, config.augment, out, run_id)
         num_augmented = int(sum(augmented["is_augmented"]))
         record = mark_stage_done(out, run_id, {
             "num_examples": len(data), "num_rows": len(augmented), "num_augmented": num_augmented,
-            "seconds": time.perf_counter() - start, "text_columns": list(columns),
+            "seconds": time.perf_counter() - start, "text_columns": list(columns), "device": str(device),
         })
     else:
         logger.info("augmentation in %s is complete; skipping (delete the folder to redo it)", out)

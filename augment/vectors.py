@@ -104,11 +104,15 @@ class NeighbourCache:
         vectors: gensim ``KeyedVectors`` (V words, d dims).
         num_neighbours: K.
         chunk_size: words per matrix product; memory is V · chunk_size · 4 bytes (400k words, 64: 100 MB).
+        device: where the vectors live and the products run (the run's device; the vectors take V · d · 4 bytes,
+            80 MB for GloVe 6B 50-d).
     """
 
-    def __init__(self, vectors: KeyedVectors, num_neighbours: int, chunk_size: int = 64):
+    def __init__(self, vectors: KeyedVectors, num_neighbours: int, chunk_size: int = 64,
+                 device: torch.device | str = "cpu"):
         self.vectors, self.num_neighbours, self.chunk_size = vectors, num_neighbours, chunk_size
-        self.normed = torch.from_numpy(vectors.get_normed_vectors())  # (V, d) float32
+        self.device = torch.device(device)
+        self.normed = torch.from_numpy(vectors.get_normed_vectors()).to(self.device)  # (V, d) float32
         self.cache: dict[str, list[str]] = {}
 
     def _key(self, word: str) -> str:
@@ -126,9 +130,9 @@ class NeighbourCache:
             return
         for first in range(0, len(known), self.chunk_size):
             chunk = known[first : first + self.chunk_size]
-            rows = torch.tensor([self.vectors.key_to_index[w] for w in chunk])
+            rows = torch.tensor([self.vectors.key_to_index[w] for w in chunk], device=self.device)
             scores = self.normed[rows] @ self.normed.T  # (W, V) cosine similarities
-            scores[torch.arange(len(rows)), rows] = -torch.inf  # a word is not its own neighbour
+            scores[torch.arange(len(rows), device=self.device), rows] = -torch.inf  # a word is not its own neighbour
             best = scores.topk(k, dim=1).indices.tolist()  # (W, K), most similar first
             for word, indices in zip(chunk, best):
                 self.cache[word] = [self.vectors.index_to_key[i] for i in indices]

@@ -1,6 +1,7 @@
 """Distillation step cost against the work no distillation can avoid, timed side by side (interleaved) in one process.
 
-For the MiniLM teacher and a 4-layer/312 student at batch 32, length 128 on this machine:
+For a teacher (``--teacher``: the bundled MiniLM-L6 by default, ``mpnet`` for the 12-layer all-mpnet-base-v2, or any
+encoder folder) and a 4-layer/312 student at batch 32, length 128 on this machine:
 
 (a) unavoidable: teacher forward (no grad) + student forward/backward + optimizer step, both models with their default
     (SDPA) attention and a plain cross-entropy loss on the labels;
@@ -19,8 +20,8 @@ The prediction step with and without the teacher-logit cache:
 ``cache_speedup`` = c / d, beside its limit ``cache_limit`` = (teacher forward + student step) / student step, each
 timed separately (about 1.77 by FLOP count for these shapes); target ``cache_speedup`` >= 0.9 x ``cache_limit``.
 
-Usage: python bench/distill_throughput.py [--batch-size 32] [--seq-length 128] [--repeats 20] [--warmup 2]
-       [--threads N] [> run1.txt]
+Usage: python bench/distill_throughput.py [--teacher minilm|mpnet|DIR] [--batch-size 32] [--seq-length 128]
+       [--repeats 20] [--warmup 2] [--threads N] [> run1.txt]
        python bench/distill_throughput.py --pool run1.txt run2.txt ...   (pool saved runs, time nothing)
 The last line printed is a JSON object with every ratio.
 """
@@ -50,17 +51,20 @@ from students import build_student  # noqa: E402
 from teachers.models import resolve_model  # noqa: E402
 
 
-def models(preset: str) -> tuple[torch.nn.Module, torch.nn.Module]:
-    teacher = AutoModelForSequenceClassification.from_pretrained(resolve_model("minilm"), num_labels=2).eval()
-    student = build_student(teacher, StudentConfig(preset=preset)).train()
+def models(teacher_name: str, preset: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    teacher = AutoModelForSequenceClassification.from_pretrained(resolve_model(teacher_name), num_labels=2).eval()
+    student = build_student(teacher, StudentConfig(preset=preset)).train()  # a BERT student for an MPNet teacher
     return teacher.requires_grad_(False), student
 
 
-def batch(batch_size: int, seq_length: int, vocab: int) -> dict[str, torch.Tensor]:
+def batch(batch_size: int, seq_length: int, config) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, vocab, (batch_size, seq_length), generator=generator)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-            "labels": torch.randint(0, 2, (batch_size,), generator=generator)}
+    ids = torch.randint(1000, config.vocab_size, (batch_size, seq_length), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+              "labels": torch.randint(0, 2, (batch_size,), generator=generator)}
+    if getattr(config, "type_vocab_size", 0) > 1:  # MPNet and RoBERTa-style teachers take no token types
+        inputs["token_type_ids"] = torch.zeros_like(ids)
+    return inputs
 
 
 def optimizer_for(module: torch.nn.Module) -> torch.optim.Optimizer:
@@ -100,6 +104,7 @@ def main() -> None:
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--teacher", default="minilm", help="minilm (bundled), mpnet, or an encoder folder")
     parser.add_argument("--student", default="tinybert-4l-312")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--pool", nargs="+", metavar="OUTPUT",
@@ -111,19 +116,18 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     set_seed(0)
-    inputs = {k: v for k, v in batch(args.batch_size, args.seq_length, 30522).items() if k != "labels"}
-    labels = batch(args.batch_size, args.seq_length, 30522)["labels"]
-
-    teacher_a, student_a = models(args.student)  # default attention (SDPA)
+    teacher_a, student_a = models(args.teacher, args.student)  # default attention (SDPA)
+    inputs = {k: v for k, v in batch(args.batch_size, args.seq_length, teacher_a.config).items() if k != "labels"}
+    labels = batch(args.batch_size, args.seq_length, teacher_a.config)["labels"]
     optimizer_a = optimizer_for(student_a)
 
-    teacher_b, student_b = models(args.student)
+    teacher_b, student_b = models(args.teacher, args.student)
     layer_map = build_layer_map("uniform", teacher_b.config.num_hidden_layers, student_b.config.num_hidden_layers)
     full = DistillationObjective(teacher_b, student_b, {"embedding": 1, "hidden": 1, "attention": 1, "prediction": 1},
                                  layer_map).train()
     optimizer_b = optimizer_for(full.trainable)
 
-    teacher_c, student_c = models(args.student)
+    teacher_c, student_c = models(args.teacher, args.student)
     prediction = DistillationObjective(teacher_c, student_c, {"prediction": 1}, layer_map).train()
     optimizer_c = optimizer_for(prediction.trainable)
     with torch.no_grad():
@@ -165,7 +169,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(values) for name, values in times.items()}
     spread = {name: (max(v) - min(v)) / statistics.median(v) for name, v in times.items()}
-    print(f"batch {args.batch_size}, length {args.seq_length}, teacher MiniLM-L6 (6x384), student {args.student}, "
+    shape = f"{teacher_a.config.num_hidden_layers}x{teacher_a.config.hidden_size}"
+    print(f"batch {args.batch_size}, length {args.seq_length}, teacher {args.teacher} ({shape}), student {args.student}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats} interleaved repeats (ms; spread max-min/median)")
     for name in runs:
         print(f"  {name:18s} {1000 * median[name]:9.1f} ms  ({100 * spread[name]:.0f}%)")
@@ -196,6 +201,7 @@ def main() -> None:
         "cache_fraction_of_limit": round(cache_speedup / cache_limit, 4),
         "ms": {name: round(1000 * value, 2) for name, value in median.items()},
         "ms_each_repeat": {name: [round(1000 * t, 1) for t in values] for name, values in times.items()},
+        "teacher": args.teacher,
         "batch_size": args.batch_size,
         "seq_length": args.seq_length,
         "num_threads": torch.get_num_threads(),

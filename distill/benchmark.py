@@ -9,6 +9,11 @@ Every model is a row; each compression variant of a model is one more row, with 
 - ``onnx-int8``: that graph through ONNX Runtime's dynamic quantization (``onnxruntime.quantization.quantize_dynamic``,
   int8 weights).
 
+Those rows run on the CPU. When the run's device (:func:`distill.device.run_device`) is an accelerator, every model
+gets two more rows there: ``<device>`` (fp32, e.g. ``cuda``) and ``<device>-fp16`` (the weights in half precision),
+each evaluated and timed on that device (timed to the end of each run); their 'faster by' compares with the
+teacher's row of the same variant, and peak memory is not measured for them.
+
 Latency is the wall time of one forward pass (eval mode, no gradients) on random token ids of a fixed batch size and
 length. All rows are timed in one process, interleaved (each repeat runs every row once), after warm-up; runs repeat
 until the spread ``(p90 - median) / median`` of every row is at most ``max_spread`` or ``max_repeats`` is reached,
@@ -41,6 +46,7 @@ from transformers import AutoModelForSequenceClassification
 from distill.checkpoint import write_json_atomic
 from distill.config import BenchmarkConfig
 from distill.data import TaskSpec, tokenize
+from distill.device import is_accelerator, run_device, synchronize
 from distill.evaluate import compute_metrics, predict
 from distill.report import count_parameters, size_mb
 
@@ -145,20 +151,28 @@ class Row:
 
     name: str  # e.g. "student_4l312" or "student_4l312 (onnx-int8)"
     model_name: str  # the model it comes from
-    variant: str  # "pytorch", "int8", "onnx" or "onnx-int8"
+    variant: str  # "pytorch", "int8", "onnx", "onnx-int8" (CPU), or "<device type>", "<device type>-fp16"
     model: object  # callable(**inputs) -> object with .logits
     artefact: Path  # what it loads from: a checkpoint folder, an .onnx or a .pt file
     size_mb: float
     parameters: dict[str, int]
     init: str = ""
     results: dict = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where it runs
 
 
-def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work: Path, max_length: int) -> list[Row]:
-    """The row of a checkpoint and one row per compression variant in ``config.compress``."""
+def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work: Path, max_length: int,
+               device: torch.device) -> list[Row]:
+    """The row of a checkpoint, one row per compression variant in ``config.compress``, and when ``device`` is an
+    accelerator its fp32 and fp16 rows there."""
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     parameters = count_parameters(model)
     rows = [Row(name, name, "pytorch", model, folder, size_mb(folder), parameters, init)]
+    if is_accelerator(device):
+        for variant, dtype in ((device.type, torch.float32), (f"{device.type}-fp16", torch.float16)):
+            moved = copy.deepcopy(model).to(device=device, dtype=dtype)
+            rows.append(Row(f"{name} ({variant})", name, variant, moved, folder,
+                            size_mb(folder) * (0.5 if dtype == torch.float16 else 1.0), parameters, init, device=device))
     if "int8" in config.compress:
         quantized = quantize_torch(model)
         path = work / f"{name}.int8.pt"
@@ -191,7 +205,8 @@ def _random_inputs(vocab_size: int, batch_size: int, length: int, names: list[st
 
 @torch.no_grad()
 def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: list[str]) -> dict[str, dict]:
-    """Latency of every row at every (batch size, length), interleaved, repeated until the spread is small.
+    """Latency of every row at every (batch size, length), interleaved, repeated until the spread is small; a row on
+    an accelerator gets its inputs there and is timed to the end of its run.
 
     Returns:
         {row name: {"b{B}_t{T}": {"median_ms", "p90_ms", "spread", "repeats"}}}.
@@ -200,15 +215,18 @@ def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: 
     for batch_size in config.batch_sizes:
         for length in config.seq_lengths:
             key = f"b{batch_size}_t{length}"
-            inputs = _random_inputs(vocab_size, batch_size, length, names, seed=batch_size * 1000 + length)
+            cpu_inputs = _random_inputs(vocab_size, batch_size, length, names, seed=batch_size * 1000 + length)
+            inputs = {row.name: {k: v.to(row.device) for k, v in cpu_inputs.items()} for row in rows}
             for _ in range(config.num_warmup):
                 for row in rows:
-                    row.model(**inputs)
+                    row.model(**inputs[row.name])
+                    synchronize(row.device)
             times: dict[str, list[float]] = {row.name: [] for row in rows}
             for repeat in range(config.max_repeats):
                 for row in rows:
                     start = time.perf_counter()
-                    row.model(**inputs)
+                    row.model(**inputs[row.name])
+                    synchronize(row.device)
                     times[row.name].append(1000 * (time.perf_counter() - start))
                 if repeat + 1 >= config.min_repeats and all(_spread(t) <= config.max_spread for t in times.values()):
                     break
@@ -313,7 +331,7 @@ def resolve_model_folder(path: Path, stage: str) -> tuple[Path, str]:
 
 def run_benchmark(
     teacher: Path, students: dict[str, tuple[Path, str]], spec: TaskSpec, dev, config: BenchmarkConfig,
-    output_dir: Path, max_seq_length: int,
+    output_dir: Path, max_seq_length: int, device: torch.device | None = None,
 ) -> dict:
     """Measure every model and variant and write ``benchmark.{json,csv,md,png}`` to ``output_dir``.
 
@@ -323,12 +341,14 @@ def run_benchmark(
         spec, dev: the task and its dev split (text columns and ``label``).
         config: what to time and which compressed variants to add.
         max_seq_length: tokens per dev example (as in training).
+        device: the run's device (None: :func:`distill.device.run_device`); an accelerator adds its rows.
 
     Returns:
         The contents of ``benchmark.json``.
     """
     from transformers import AutoTokenizer
 
+    device = torch.device(device) if device is not None else run_device()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -337,12 +357,12 @@ def run_benchmark(
     rows: list[Row] = []
     for name, (folder, init) in {"teacher": (teacher, "fine-tuned"), **students}.items():
         logger.info("benchmark: preparing %s (%s)", name, folder)
-        rows.extend(model_rows(name, folder, init, config, work, max_length))
+        rows.extend(model_rows(name, folder, init, config, work, max_length, device))
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
     labels = np.asarray(encoded["labels"])
     for row in rows:
-        row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer), labels)
+        row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer, device=row.device), labels)
         logger.info("%s: %s", row.name, row.results["dev"])
     reference = rows[0].model
     names = _input_names(reference)
@@ -352,21 +372,23 @@ def run_benchmark(
     for row in rows:
         row.results["latency"] = timing[row.name]
         row.results["samples_per_s"] = max(config.batch_sizes) / (timing[row.name][largest]["median_ms"] / 1000)
-        if config.memory:
+        if config.memory and not is_accelerator(row.device):
             inputs = _random_inputs(reference.config.vocab_size, max(config.batch_sizes), max(config.seq_lengths),
                                     names, seed=0)
             row.results["memory"] = peak_memory(row, sources[row.model_name], inputs, config.num_threads)
-    report = _report(rows, spec, config, largest)
+    report = _report(rows, spec, config, largest, device)
     write_benchmark(report, output_dir)
     return report
 
 
-def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: str) -> dict:
+def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: str, device: torch.device) -> dict:
     base = rows[0]
     metric = spec.metrics[0]
+    teacher_rows = {row.variant: row for row in rows if row.model_name == base.model_name}
     entries = []
     for row in rows:
         memory = row.results.get("memory") or {}
+        speed_base = teacher_rows[row.variant] if is_accelerator(row.device) else base
         entries.append({
             "name": row.name, "model": row.model_name, "variant": row.variant, "init": row.init,
             "path": str(row.artefact), **row.results["dev"],
@@ -381,7 +403,8 @@ def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: s
             "ratios": {
                 "smaller_by": base.parameters["num_parameters"] / row.parameters["num_parameters"],
                 "smaller_on_disk_by": base.size_mb / row.size_mb,
-                "faster_by": base.results["latency"][largest]["median_ms"] / row.results["latency"][largest]["median_ms"],
+                "faster_by": (speed_base.results["latency"][largest]["median_ms"]
+                              / row.results["latency"][largest]["median_ms"]),
                 "metric_retained": row.results["dev"][metric] / base.results["dev"][metric]
                 if base.results["dev"][metric] else None,
             },
@@ -389,7 +412,8 @@ def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: s
     repeats = sorted({v["repeats"] for row in rows for v in row.results["latency"].values()})
     setup = {"task": spec.name, "metric": metric, "batch_sizes": config.batch_sizes, "seq_lengths": config.seq_lengths,
              "throughput_at": largest, "num_threads": torch.get_num_threads(), "repeats": repeats,
-             "max_spread": config.max_spread, "torch": torch.__version__, "cpu_count": os.cpu_count()}
+             "max_spread": config.max_spread, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+             "accelerator": str(device) if is_accelerator(device) else None}
     return {"rows": entries, "setup": setup}
 
 
@@ -459,6 +483,8 @@ def plot(report: dict, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(8, 5.5), dpi=120)
     largest = max(row["num_parameters"] for row in rows)
     markers = {"pytorch": "o", "int8": "s", "onnx": "D", "onnx-int8": "^"}
+    for variant in dict.fromkeys(row["variant"] for row in rows):  # accelerator rows: "cuda", "cuda-fp16"
+        markers.setdefault(variant, "X" if variant.endswith("fp16") else "P")
     colours = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(row["model"] for row in rows))}
     for index, (row, (x, y)) in enumerate(zip(rows, points)):
         area = 40 + 400 * row["num_parameters"] / largest

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from distill.data import TaskSpec, collator, tokenize
+from distill.device import model_device, same_device
 
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
@@ -68,9 +69,24 @@ def compute_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> 
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
-    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C)."""
-    model.eval().to(device)
+def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64) -> np.ndarray:
+    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32.
+
+    Args:
+        model: a classifier already on ``device`` (evaluation never moves a model), or an ONNX Runtime session
+            wrapper (no parameters; it takes CPU inputs) with ``device`` the CPU.
+        dataset: tokenized (``input_ids``, ``attention_mask``, optionally ``token_type_ids``).
+        device: where the batches go: the run's device (:func:`distill.device.run_device`).
+
+    Raises:
+        ValueError: the model's weights are on another device than ``device``.
+    """
+    device = torch.device(device)
+    where = model_device(model)
+    if where is not None and not same_device(where, device):
+        raise ValueError(f"predict: the model is on {where}, the batches were asked on {device}; move the model to "
+                         "the run's device first (evaluation does not move models)")
+    model.eval()
     columns = [c for c in ("input_ids", "attention_mask", "token_type_ids") if c in dataset.column_names]
     inputs = dataset.select_columns(columns)
     # Sort by length so batches carry little padding; restore the order afterwards.
@@ -86,19 +102,20 @@ def predict(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 64, de
     return restored
 
 
-def evaluate(model, dataset, tokenizer, spec: TaskSpec, batch_size: int = 64, device: str = "cpu") -> dict:
-    """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`)."""
-    logits = predict(model, dataset, tokenizer, batch_size, device)
+def evaluate(model, dataset, tokenizer, spec: TaskSpec, *, device: torch.device | str, batch_size: int = 64) -> dict:
+    """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`, :func:`predict`)."""
+    logits = predict(model, dataset, tokenizer, device=device, batch_size=batch_size)
     return compute_metrics(spec, logits, np.asarray(dataset["labels"]))
 
 
-def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, batch_size: int = 64,
-                  device: str = "cpu") -> dict[str, float]:
+def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, *, device: torch.device | str,
+                  batch_size: int = 64) -> dict[str, float]:
     """Metrics on every dev set of the task (untokenized ``data`` splits, see :attr:`TaskSpec.dev_splits`): the main
-    dev set's under the metric names, the others with their suffix (MNLI: ``accuracy``, ``accuracy_mismatched``)."""
+    dev set's under the metric names, the others with their suffix (MNLI: ``accuracy``, ``accuracy_mismatched``).
+    ``model`` must be on ``device`` (see :func:`predict`)."""
     metrics = {}
     for split, suffix in spec.dev_splits.items():
         encoded = tokenize(data[split], tokenizer, spec, max_seq_length)
         metrics.update({name + suffix: value for name, value in
-                        evaluate(model, encoded, tokenizer, spec, batch_size, device).items()})
+                        evaluate(model, encoded, tokenizer, spec, device=device, batch_size=batch_size).items()})
     return metrics

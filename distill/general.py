@@ -18,6 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
 from accelerate import PartialState
 from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
@@ -26,6 +27,7 @@ from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, GeneralConfig, fingerprint
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.data import collator
+from distill.device import run_device
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.trainer import train
@@ -57,12 +59,13 @@ def general_run_id(config: GeneralConfig) -> tuple[str, str]:
     return fingerprint(config, corpus), corpus
 
 
-def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> dict:
+def run_general_distillation(config: GeneralConfig, output_dir: str | Path, device: torch.device | None = None) -> dict:
     """Distil ``config.teacher`` into a new student encoder on ``config.corpus``; resume if interrupted.
 
     Args:
         config: teacher, corpus, student shape and initialisation, layer map, loss weights, training schedule.
         output_dir: where the student, tokenizer, projections and logs are written.
+        device: where it trains (None: :func:`distill.device.run_device`).
 
     Returns:
         The stage record: run id, layer map, steps, samples seen, seconds, final per-term losses.
@@ -93,7 +96,9 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> d
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
     objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,
                                       share_projection=config.share_projection)
-    state = train(objective, corpus, collator(tokenizer), config.train, out, run_id, "general distillation")
+    device = device if device is not None else run_device()
+    state = train(objective, corpus, collator(tokenizer), config.train, out, run_id, "general distillation",
+                  device=device)
     if processes.is_main_process:
         student.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -105,6 +110,7 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path) -> d
     record = {
         "teacher": config.teacher, "corpus": config.corpus, "layer_map": [0, *layer_map], "steps": state.step,
         "samples": state.samples, "seconds": round(time.perf_counter() - start, 1), "final": final,
+        "device": str(device),
     }
     if processes.is_main_process:
         mark_stage_done(out, run_id, record)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
 
@@ -33,6 +34,7 @@ from distill.capture import CaptureError, capture_support
 from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, fingerprint, to_dict
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
+from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
 from distill.general import PROJECTIONS_FILE, save_projections
 from distill.layer_map import build_layer_map
@@ -58,8 +60,10 @@ def _banner(name: str, folder: Path) -> None:
     logger.info("=== stage: %s -> %s", name, folder)
 
 
-def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path) -> dict:
-    """Fine-tune a teacher from ``teacher.base_model``, or take the given fine-tuned ``teacher.model``."""
+def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, *,
+                  device: torch.device) -> dict:
+    """Fine-tune a teacher from ``teacher.base_model``, or take the given fine-tuned ``teacher.model``; on
+    ``device``."""
     folder = out / "teacher"
     run_id = fingerprint(config.task, config.teacher)
     if (record := stage_done(folder, run_id)) is not None:
@@ -67,17 +71,17 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         return record
     _banner("teacher", folder)
     if config.teacher.model is None:
-        return finetune_teacher(config.teacher, config.task, spec, data, folder, run_id)
-    teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels)
+        return finetune_teacher(config.teacher, config.task, spec, data, folder, run_id, device=device)
+    teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels).to(device)
     tokenizer = load_tokenizer(config.teacher.model)
-    metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length)
+    metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length, device=device)
     check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model)
     teacher.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model})
+    return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
 
 
-def mlm_stage(config: PipelineConfig, out: Path) -> str:
+def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> str:
     """The masked LM for augmentation: the configured one, or one adapted here. Returns its name or path."""
     if config.mlm.model is not None:
         return config.mlm.model
@@ -85,25 +89,27 @@ def mlm_stage(config: PipelineConfig, out: Path) -> str:
     run_id = fingerprint(config.mlm)
     if stage_done(folder, run_id) is None:
         _banner("adapt-mlm", folder)
-        adapt_mlm(config.mlm, folder, run_id)
+        adapt_mlm(config.mlm, folder, run_id, device=device)
     return str(folder)
 
 
-def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path) -> tuple[datasets.Dataset, str]:
-    """The distillation training set: augmented (TinyBERT §3.3) or the original. Returns (dataset, run id)."""
+def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, *,
+                  device: torch.device) -> tuple[datasets.Dataset, str]:
+    """The distillation training set: augmented (TinyBERT §3.3) or the original, with the masked LM and word-vector
+    search on ``device``. Returns (dataset, run id)."""
     if not config.augment.enabled:
         return data["train"], fingerprint(config.task, "no-augmentation")
-    mlm = mlm_stage(config, out)
+    mlm = mlm_stage(config, out, device=device)
     folder = out / "augmented"
     run_id = augment_fingerprint(config.augment, config.task, mlm if config.mlm.model else config.mlm)
     if (record := stage_done(folder, run_id)) is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
         return load_shards(folder), run_id
     _banner("augmentation", folder)
-    factory = generator_factory(config.augment, mlm)
+    factory = generator_factory(config.augment, mlm, device=device)
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id)
     num_augmented = int(np.sum(augmented["is_augmented"]))
-    mark_stage_done(folder, run_id, {"num_rows": len(augmented), "num_augmented": num_augmented})
+    mark_stage_done(folder, run_id, {"num_rows": len(augmented), "num_augmented": num_augmented, "device": str(device)})
     logger.info("augmentation: %d rows (%d augmented) from %d examples", len(augmented), num_augmented, len(data["train"]))
     return augmented, run_id
 
@@ -144,7 +150,7 @@ def _student_layers(config: PipelineConfig) -> int:
 
 def _distill_step(
     name: str, config: PipelineConfig, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
-    terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str,
+    terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str, device: torch.device,
 ) -> DistillationObjective:
     """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
     layer_map = build_layer_map(
@@ -157,7 +163,8 @@ def _distill_step(
     )
     if name == "intermediate" and config.student.model is not None:
         load_projections(objective, Path(config.student.model))
-    train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)")
+    train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)",
+          device=device)
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
@@ -165,8 +172,10 @@ def _distill_step(
 
 
 def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
-                  train_data: datasets.Dataset, data_run_id: str, out: Path, student_dir: Path | None = None) -> dict:
-    """Task distillation (TinyBERT §3.4): intermediate step (embedding, hidden, attention), then prediction step.
+                  train_data: datasets.Dataset, data_run_id: str, out: Path, student_dir: Path | None = None, *,
+                  device: torch.device) -> dict:
+    """Task distillation (TinyBERT §3.4): intermediate step (embedding, hidden, attention), then prediction step,
+    on ``device`` (training, the teacher-logit cache and the student's evaluation).
 
     The steps write ``student_intermediate/`` and ``student/`` in ``student_dir`` (default ``out``); the teacher
     and the cached teacher logits are read from ``out``, so several students can share them (a sweep)."""
@@ -192,12 +201,12 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
             logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
             student.save_pretrained(step1)
             tokenizer.save_pretrained(step1)
-            mark_stage_done(step1, run1, {"layer_map": None, "skipped": True})
+            mark_stage_done(step1, run1, {"layer_map": None, "skipped": True, "device": str(device)})
         else:
             objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
-                                      config.distill.intermediate, step1, run1)
+                                      config.distill.intermediate, step1, run1, device)
             save_projections(objective, step1)
-            mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map]})
+            mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map], "device": str(device)})
 
     final = student_dir / "student"
     run2 = fingerprint(run1, config.distill.prediction, config.distill.temperature, config.distill.temperature_squared,
@@ -206,32 +215,35 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         logger.info("student: done (dev %s), skipping", record["dev"])
         return record
     _banner("task distillation, prediction step", final)
-    teacher = load_teacher(str(teacher_dir), spec)
+    teacher = load_teacher(str(teacher_dir), spec).to(device)
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits",
-                                    fingerprint(teacher_record["run_id"], data_run_id))
+                                    fingerprint(teacher_record["run_id"], data_run_id), device=device)
     student = AutoModelForSequenceClassification.from_pretrained(step1)
     _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set,
-                  {"prediction": weights.get("prediction", 1.0)}, config.distill.prediction, final, run2)
-    metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length)
+                  {"prediction": weights.get("prediction", 1.0)}, config.distill.prediction, final, run2, device)
+    metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
     logger.info("student dev metrics: %s", metrics)
-    return mark_stage_done(final, run2, {"dev": metrics})
+    return mark_stage_done(final, run2, {"dev": metrics, "device": str(device)})
 
 
-def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str) -> datasets.Dataset:
-    """Add a ``teacher_logits`` column (B, C), computed once and cached on disk: the prediction step then skips the
-    teacher forward."""
+def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str, *,
+                        device: torch.device) -> datasets.Dataset:
+    """Add a ``teacher_logits`` column (B, C), computed once on ``device`` (where ``teacher`` is) and cached on
+    disk: the prediction step then skips the teacher forward."""
     if stage_done(folder, run_id) is None:
-        logits = predict(teacher, train_set, tokenizer, batch_size=128)
+        logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
         datasets.Dataset.from_dict({"teacher_logits": logits.tolist()}).save_to_disk(str(folder / "data"))
-        mark_stage_done(folder, run_id, {"num_rows": len(logits)})
+        mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
     cached = datasets.load_from_disk(str(folder / "data"))
     if len(cached) != len(train_set):
         raise RuntimeError(f"cached teacher logits in {folder} have {len(cached)} rows, the data {len(train_set)}")
     return train_set.add_column("teacher_logits", cached["teacher_logits"])
 
 
-def report_stage(config: PipelineConfig, teacher_record: dict, student_record: dict, out: Path) -> dict:
-    """Time teacher and student interleaved and write ``report.json`` / ``report.md``."""
+def report_stage(config: PipelineConfig, teacher_record: dict, student_record: dict, out: Path, *,
+                 device: torch.device) -> dict:
+    """Time teacher and student interleaved on the CPU (and on ``device`` too when it is an accelerator) and write
+    ``report.json`` / ``report.md``."""
     _banner("report", out)
     models, entries = {}, {}
     for name, record in (("teacher", teacher_record), ("student", student_record)):
@@ -239,9 +251,14 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
         model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
         models[name] = model
         entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model)}
-    for name, timing in time_models(models, config.report).items():
-        entries[name].update(timing)
-    report = build_report(entries, config.report)
+    timings = [time_models(models, config.report)]
+    if is_accelerator(device):
+        timings.append(time_models(models, config.report, device, prefix=f"{device.type}_"))
+    for timing in timings:
+        for name, values in timing.items():
+            entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
+            entries[name].update(values)
+    report = build_report(entries, config.report, accelerator=device.type if is_accelerator(device) else None)
     write_report(report, out)
     return report
 
@@ -308,7 +325,7 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
                           f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")
 
 
-def _teacher_and_data(config: PipelineConfig) -> tuple:
+def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     """The stages every student of a run shares: config record, task data, teacher, augmented training set.
 
     Returns:
@@ -319,8 +336,8 @@ def _teacher_and_data(config: PipelineConfig) -> tuple:
     write_json_atomic(out / "config.json", to_dict(config))
     spec = task_spec(config.task)
     data = load_task_data(config.task, spec)
-    teacher_record = teacher_stage(config, spec, data, out)
-    train_data, data_run_id = augment_stage(config, spec, data, out)
+    teacher_record = teacher_stage(config, spec, data, out, device=device)
+    train_data, data_run_id = augment_stage(config, spec, data, out, device=device)
     return out, spec, data, teacher_record, train_data, data_run_id
 
 
@@ -333,12 +350,13 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
     return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random"}[student.init]
 
 
-def run_sweep(config: PipelineConfig) -> dict:
+def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dict:
     """Several students distilled from one teacher and one augmented set, then benchmarked together.
 
     The teacher, masked LM, augmentation and teacher logits are made once in ``output_dir`` (as the pipeline does);
     each entry of ``config.sweep`` gets ``students/<name>/`` with its two steps; the benchmark over the teacher, every
-    student and ``benchmark.students`` goes to ``benchmark/``. Every stage resumes and is skipped when done.
+    student and ``benchmark.students`` goes to ``benchmark/``. Every stage resumes and is skipped when done. Every
+    stage runs on ``device`` (None: :func:`distill.device.run_device`).
 
     Returns:
         The benchmark report.
@@ -352,12 +370,13 @@ def run_sweep(config: PipelineConfig) -> dict:
         distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
         entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
         preflight(entries[entry.name])
-    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config)
+    device = device if device is not None else run_device()
+    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     students = {}
     for name, student_config in entries.items():
         _banner(f"sweep student {name}", out / "students" / name)
         record = distill_stage(student_config, spec, data, teacher_record, train_data, data_run_id, out,
-                               student_dir=out / "students" / name)
+                               student_dir=out / "students" / name, device=device)
         logger.info("sweep student %s: dev %s", name, record["dev"])
         students[name] = (out / "students" / name / "student",
                           describe_init(student_config.student, student_config.distill.layer_map))
@@ -366,12 +385,19 @@ def run_sweep(config: PipelineConfig) -> dict:
         students[Path(extra).name] = (folder, init)
     _banner("benchmark", out / "benchmark")
     return run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
-                         config.task.max_seq_length)
+                         config.task.max_seq_length, device=device)
 
 
-def run_pipeline(config: PipelineConfig) -> dict:
-    """Run every stage of the main job (skipping finished ones) and return the report."""
+def run_pipeline(config: PipelineConfig, device: torch.device | None = None) -> dict:
+    """Run every stage of the main job (skipping finished ones) and return the report.
+
+    Args:
+        config: the job.
+        device: where every stage computes (None: :func:`distill.device.run_device`, accelerate's choice).
+    """
     preflight(config)
-    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config)
-    student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out)
-    return report_stage(config, teacher_record, student_record, out)
+    device = device if device is not None else run_device()
+    logger.info("device: %s", device)
+    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
+    student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out, device=device)
+    return report_stage(config, teacher_record, student_record, out, device=device)

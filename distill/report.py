@@ -16,6 +16,7 @@ import torch
 
 from distill.checkpoint import write_json_atomic
 from distill.config import METRICS, ReportConfig
+from distill.device import synchronize
 
 
 def size_mb(model_dir: Path) -> float:
@@ -38,42 +39,57 @@ def _inputs(model: torch.nn.Module, batch_size: int, seq_length: int, generator:
 
 
 @torch.no_grad()
-def time_models(models: dict[str, torch.nn.Module], config: ReportConfig) -> dict[str, dict]:
-    """Latency of each model at each batch size, timed interleaved.
+def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device: torch.device | str = "cpu",
+                prefix: str = "") -> dict[str, dict]:
+    """Latency of each model at each batch size on ``device``, timed interleaved.
+
+    Args:
+        models: {name: model}; each is moved to ``device`` (the report owns these copies).
+        config: batch sizes, length, warm-up and repeats, threads.
+        device: where to time; on an accelerator each run is timed to its end (synchronised).
+        prefix: put before each latency key (e.g. "cuda_" for the accelerator's timings).
 
     Returns:
-        {name: {"latency_ms": {"batch_1": {"median", "p90"}, ...}, "samples_per_s": at the largest batch}}.
+        {name: {"latency_ms": {"<prefix>batch_1": {"median", "p90"}, ...}, "<prefix>samples_per_s": at the largest
+        batch}}, milliseconds.
     """
+    device = torch.device(device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     generator = torch.Generator().manual_seed(0)
     results: dict[str, dict] = {name: {"latency_ms": {}} for name in models}
+    models = {name: model.eval().to(device) for name, model in models.items()}
     for batch_size in config.batch_sizes:
-        inputs = {name: _inputs(m.eval(), batch_size, config.seq_length, generator) for name, m in models.items()}
+        inputs = {name: {k: v.to(device) for k, v in _inputs(m, batch_size, config.seq_length, generator).items()}
+                  for name, m in models.items()}
         for _ in range(config.num_warmup):
             for name, model in models.items():
                 model(**inputs[name])
+        synchronize(device)
         samples: dict[str, list[float]] = {name: [] for name in models}
         for _ in range(config.num_repeats):
             for name, model in models.items():
                 start = time.perf_counter()
                 model(**inputs[name])
+                synchronize(device)
                 samples[name].append((time.perf_counter() - start) * 1000)
         for name, times in samples.items():
             ordered = sorted(times)
-            results[name]["latency_ms"][f"batch_{batch_size}"] = {
+            results[name]["latency_ms"][f"{prefix}batch_{batch_size}"] = {
                 "median": statistics.median(ordered),
                 "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
             }
     largest = max(config.batch_sizes)
     for name in models:
-        median = results[name]["latency_ms"][f"batch_{largest}"]["median"]
-        results[name]["samples_per_s"] = largest / (median / 1000)
+        median = results[name]["latency_ms"][f"{prefix}batch_{largest}"]["median"]
+        results[name][f"{prefix}samples_per_s"] = largest / (median / 1000)
     return results
 
 
-def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher") -> dict:
-    """Add ratios to the reference model (smaller by, faster by, metric retained) and the timing setup."""
+def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher",
+                 accelerator: str | None = None) -> dict:
+    """Add ratios to the reference model (smaller by, faster by on the CPU, metric retained) and the timing setup
+    (``accelerator``: the device type of the extra timings, if any)."""
     base = entries[reference]
     largest = f"batch_{max(config.batch_sizes)}"
     for entry in entries.values():
@@ -88,6 +104,7 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         "num_repeats": config.num_repeats,
         "num_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "accelerator": accelerator,
     }
     return {"models": entries, "timing": setup}
 
@@ -113,7 +130,7 @@ def write_report(report: dict, output_dir: Path) -> None:
             "size_mb": entry["size_mb"],
             "latency_ms": {k: v["median"] for k, v in entry["latency_ms"].items()},
             "latency_p90_ms": {k: v["p90"] for k, v in entry["latency_ms"].items()},
-            "samples_per_s": entry["samples_per_s"],
+            **{key: value for key, value in entry.items() if key.endswith("samples_per_s")},
             "throughput_batch_size": largest,
             "ratios": entry["ratios"],
             "path": entry.get("path"),
@@ -125,7 +142,7 @@ def write_report(report: dict, output_dir: Path) -> None:
 
 def markdown_table(flat: dict, timing: dict) -> str:
     metric_names = [k for k in next(iter(flat.values())) if any(k == m or k.startswith(f"{m}_") for m in METRICS)]
-    batches = [f"batch_{b}" for b in timing["batch_sizes"]]
+    batches = list(next(iter(flat.values()))["latency_ms"])  # CPU "batch_B", then "<accelerator>_batch_B" if timed
     header = ["model", *metric_names, "params (M)", "size (MB)", *[f"latency {b.replace('_', ' ')} (ms)" for b in batches],
               "samples/s", "smaller by", "faster by", "metric retained"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -137,9 +154,11 @@ def markdown_table(flat: dict, timing: dict) -> str:
                  "-" if retained is None else f"{100 * retained:.1f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     note = (f"\nLatency: median of {timing['num_repeats']} interleaved runs after warm-up, sequence length "
-            f"{timing['seq_length']}, {timing['num_threads']} threads, torch {timing['torch']}; samples/s at batch "
-            f"{max(timing['batch_sizes'])}.\n")
-    return "\n".join(lines) + "\n" + note
+            f"{timing['seq_length']}, {timing['num_threads']} CPU threads, torch {timing['torch']}; samples/s, "
+            f"'smaller by' and 'faster by' on the CPU at batch {max(timing['batch_sizes'])}.")
+    if timing.get("accelerator"):
+        note += f" Columns named {timing['accelerator']} batch B: the same timing on {timing['accelerator']}."
+    return "\n".join(lines) + "\n" + note + "\n"
 
 
 def load_report(output_dir: Path) -> dict:

@@ -162,6 +162,7 @@ def train(
     run_id: str,
     description: str = "train",
     accelerator: Accelerator | None = None,
+    device: torch.device | None = None,
 ) -> TrainState:
     """Optimise ``objective.trainable`` on ``dataset``; resume from ``output_dir/checkpoints`` when present.
 
@@ -172,6 +173,9 @@ def train(
         output_dir: the stage folder; checkpoints go to ``checkpoints/``, logs to ``log.jsonl``.
         run_id: fingerprint of what is being trained; a checkpoint with another run_id is refused.
         description: progress-bar label.
+        accelerator: the accelerate object to run through (default: a new one for ``config.mixed_precision``).
+        device: the run's device (:func:`distill.device.run_device`); None: the accelerator's. It must be of the
+            accelerator's device type: accelerate decides the device, the stages share its decision.
 
     Returns:
         The final :class:`TrainState`; ``objective.trainable`` holds the trained weights.
@@ -180,7 +184,8 @@ def train(
         CheckpointError: a checkpoint in ``output_dir`` belongs to another run.
         NonFiniteLossError: a loss term became NaN or infinite (names step, term and batch).
         TrainingInterrupted: SIGINT/SIGTERM arrived; the step in progress was finished and checkpointed.
-        ConfigError: ``mixed_precision: fp16`` on a device where accelerate runs no fp16 (a CPU), before any step.
+        ConfigError: ``mixed_precision: fp16`` on a device where accelerate runs no fp16 (a CPU), before any step;
+            a ``device`` of another type than the accelerator's.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -197,11 +202,15 @@ def train(
         # accelerate turns fp16 into plain fp32 on a CPU without a word; say so instead of training in another precision.
         raise ConfigError(f"{description}: mixed_precision: fp16 needs a GPU (accelerate runs fp16 only there, with "
                           "loss scaling); on a CPU use mixed_precision: bf16 or no")
+    device = torch.device(device) if device is not None else accelerator.device
+    if device.type != accelerator.device.type:
+        raise ConfigError(f"{description}: asked to train on {device}, but accelerate runs this process on "
+                          f"{accelerator.device}; the stages must share accelerate's device")
     torch.manual_seed(config.seed)
     world = accelerator.num_processes
     data = _Batches(dataset, collate_fn, config, accelerator.process_index, world)
     steps = total_steps(config, data.num_examples, world)
-    objective.to(accelerator.device)
+    objective.to(device)
     trainable = objective.trainable
     # The accelerate optimizer applies fp16 loss scaling (and skips steps whose gradients overflowed). The scheduler
     # stays ours: total_steps already counts global batches.
@@ -230,7 +239,7 @@ def train(
     with (output_dir / "log.jsonl").open("a", encoding="utf-8") as log_file, stop_on_signal() as stop:
         try:
             _loop(model, trainable, optimizer, scheduler, data, state, steps, config, accelerator, log_file, progress,
-                  output_dir, run_id, description, stop, objective)
+                  output_dir, run_id, description, stop, objective, device)
         finally:
             progress.close()
             for tracker in accelerator.trackers:  # not end_training(): that also ends the process group later stages use
@@ -240,7 +249,7 @@ def train(
 
 def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: TrainState, steps: int,
           config: TrainConfig, accelerator: Accelerator, log_file, progress, output_dir: Path, run_id: str,
-          description: str, stop: dict, objective: nn.Module) -> None:
+          description: str, stop: dict, objective: nn.Module, device: torch.device) -> None:
     """Optimizer steps from ``state`` to ``steps``, logging and checkpointing; see :func:`train`."""
     world = accelerator.num_processes
     accumulate = config.gradient_accumulation_steps
@@ -258,7 +267,7 @@ def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: Train
     micro = 0
     while state.step < steps:
         for batch in data.epoch(state.epoch, state.batch_in_epoch):
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            batch = {k: v.to(device) for k, v in batch.items()}
             micro += 1
             sync = micro % accumulate == 0  # the last micro-batch of an optimizer step all-reduces gradients
             with nullcontext() if sync or world == 1 else model.no_sync():

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import datasets
+import torch
 from transformers import AutoModelForSequenceClassification, set_seed
 
 from distill.checkpoint import mark_stage_done
@@ -42,15 +43,17 @@ def check_teacher_quality(metrics: dict, spec: TaskSpec, minimum: float | None, 
 
 
 def finetune_teacher(
-    config: TeacherConfig, task: TaskConfig, spec: TaskSpec, data: datasets.DatasetDict, stage_dir: Path, run_id: str
+    config: TeacherConfig, task: TaskConfig, spec: TaskSpec, data: datasets.DatasetDict, stage_dir: Path, run_id: str,
+    *, device: torch.device,
 ) -> dict:
     """Fine-tune ``config.base_model`` with a new classification head on ``data["train"]``; save to ``stage_dir``.
 
     The run checkpoints into ``stage_dir/checkpoints`` and resumes from there; the final model and tokenizer are saved
-    as a plain HF checkpoint in ``stage_dir`` and the stage is marked done with its dev metrics.
+    as a plain HF checkpoint in ``stage_dir`` and the stage is marked done with its dev metrics. Training and the
+    dev evaluation run on ``device``.
 
     Returns:
-        The stage record: {"run_id", "dev": {metric: value}, "num_train_examples"}.
+        The stage record: {"run_id", "dev": {metric: value}, "num_train_examples", "device"}.
     """
     tokenizer = load_tokenizer(config.base_model)
     set_seed(config.train.seed)  # the new classifier head is drawn from the global RNG: same seed, same teacher
@@ -65,11 +68,13 @@ def finetune_teacher(
     )
     train_set = tokenize(data["train"], tokenizer, spec, task.max_seq_length)
     objective = ModelLossObjective(model)
-    train(objective, train_set, collator(tokenizer), config.train, stage_dir, run_id, "teacher fine-tuning")
+    train(objective, train_set, collator(tokenizer), config.train, stage_dir, run_id, "teacher fine-tuning",
+          device=device)
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)
-    metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length)
+    metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
     logger.info("teacher dev metrics: %s", metrics)
     check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir))
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    return mark_stage_done(stage_dir, run_id, {"dev": metrics, "num_train_examples": len(train_set)})
+    return mark_stage_done(stage_dir, run_id, {"dev": metrics, "num_train_examples": len(train_set),
+                                               "device": str(device)})

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import datasets
+import torch
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, set_seed
 
 from distill.checkpoint import mark_stage_done
@@ -47,11 +48,12 @@ def load_corpus(files: list[str]) -> datasets.Dataset:
     return corpus
 
 
-def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str) -> dict:
-    """Train an MLM head (and the encoder) of ``config.base_model`` on ``config.corpus``; save to ``stage_dir``.
+def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str, *, device: torch.device) -> dict:
+    """Train an MLM head (and the encoder) of ``config.base_model`` on ``config.corpus`` on ``device``; save to
+    ``stage_dir``.
 
     Returns:
-        The stage record: {"run_id", "num_corpus_lines", "final_loss"}.
+        The stage record: {"run_id", "num_corpus_lines", "corpus", "device"}.
     """
     tokenizer = load_tokenizer(config.base_model)
     set_seed(config.train.seed)  # the new MLM head is drawn from the global RNG
@@ -65,8 +67,9 @@ def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str) -> dict:
     )
     masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.mlm_probability)
     objective = MaskedLMObjective(model)
-    train(objective, encoded, masking, config.train, stage_dir, run_id, "adapt-mlm")
+    train(objective, encoded, masking, config.train, stage_dir, run_id, "adapt-mlm", device=device)
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    return mark_stage_done(stage_dir, run_id, {"num_corpus_lines": len(corpus), "corpus": config.corpus})
+    return mark_stage_done(stage_dir, run_id, {"num_corpus_lines": len(corpus), "corpus": config.corpus,
+                                               "device": str(device)})
