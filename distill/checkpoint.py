@@ -215,3 +215,39 @@ def mark_stage_done(directory: Path, run_id: str, results: dict | None = None) -
     record = {"run_id": run_id, **(results or {})}
     write_json_atomic(directory / STAGE_FILE, record)
     return record
+
+
+SUPERSEDED = "superseded"
+
+
+def folder_run_ids(directory: Path) -> set[str]:
+    """Run ids recorded in a stage folder: its ``stage.json``, its training checkpoints, its augmentation shards."""
+    found = set()
+    markers = [directory / STAGE_FILE, *directory.glob("checkpoints/step-*/state.json"), directory / "shards" / "run.json"]
+    for marker in markers:
+        try:
+            found.add(json.loads(marker.read_text(encoding="utf-8"))["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def finished_or_superseded(directory: Path, run_id: str) -> dict | None:
+    """The record of a stage finished under ``run_id``, or None when it has to run (or resume).
+
+    A folder that holds the output of another run id, finished or not (its config, or that of a stage before it,
+    changed), is moved to ``<parent>/superseded/<name>-<its run id>/`` with a warning, so nothing done is lost and the
+    stage runs again in a clean folder; an unfinished folder of the same run id is left to resume.
+    """
+    others = folder_run_ids(directory) - {run_id}
+    if others:
+        old = sorted(others)[0]
+        target = directory.parent / SUPERSEDED / f"{directory.name}-{old}"
+        suffix = 1
+        while target.exists():
+            target, suffix = target.with_name(f"{directory.name}-{old}-{suffix}"), suffix + 1
+        target.parent.mkdir(parents=True, exist_ok=True)
+        directory.rename(target)
+        logger.warning("%s held the output of another run (run id %s, this run %s): the settings it depends on "
+                       "changed. Moved it to %s; running the stage again.", directory, old, run_id, target)
+    return stage_done(directory, run_id)

@@ -1,8 +1,11 @@
 """The main job: teacher → masked LM → augmentation → task distillation (intermediate, prediction) → report.
 
 Every stage writes its own folder under ``output_dir`` and a ``stage.json`` marker when it is complete; a complete
-stage is skipped on re-run, an interrupted one resumes from its last checkpoint or shard. Each stage's run id
-fingerprints its config and its inputs' run ids, so outputs of a different config are refused, not silently reused.
+stage is skipped on re-run, an interrupted one resumes from its last checkpoint or shard. Each stage's run id is
+derived from the config fields it declares and its inputs' run ids (:mod:`distill.stages`), and its code reads the
+config through a view that allows those fields only. A folder holding the output of another run id (the config of
+that stage, or of a stage before it, changed) is moved to ``superseded/`` and the stage is run again; stages whose
+run id did not change are reused.
 
 Layout: ``teacher/`` (HF checkpoint), ``mlm/`` (HF masked LM), ``augmented/`` (dataset shards),
 ``teacher_logits/`` (cached teacher logits), ``student_intermediate/`` (after the intermediate step, plus
@@ -24,15 +27,14 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, set_see
 
 from augment import (
     augment_dataset,
-    augment_fingerprint,
     check_word_vectors,
     generator_factory,
     load_shards,
     load_stopwords,
 )
 from distill.capture import CaptureError, capture_support
-from distill.checkpoint import mark_stage_done, stage_done, write_json_atomic
-from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, fingerprint, to_dict
+from distill.checkpoint import finished_or_superseded, mark_stage_done, write_json_atomic
+from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, to_dict
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
@@ -40,6 +42,7 @@ from distill.general import PROJECTIONS_FILE, save_projections
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
+from distill.stages import STAGES, ConfigView
 from distill.trainer import train
 from students import build_student, student_family, student_shape
 from teachers import (
@@ -60,13 +63,22 @@ def _banner(name: str, folder: Path) -> None:
     logger.info("=== stage: %s -> %s", name, folder)
 
 
+def open_stage(name: str, config: PipelineConfig, folder: Path, inputs: dict[str, str] | None = None
+               ) -> tuple[str, ConfigView, dict | None]:
+    """A stage's run id (from the fields it declares and its inputs' run ids), the config as it may read it, and its
+    record when it is finished under that run id (None: run it; a folder of another run id was moved aside)."""
+    spec = STAGES[name]
+    run_id = spec.run_id(config, inputs or {})
+    return run_id, spec.view(config), finished_or_superseded(folder, run_id)
+
+
 def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, *,
                   device: torch.device) -> dict:
     """Fine-tune a teacher from ``teacher.base_model``, or take the given fine-tuned ``teacher.model``; on
     ``device``."""
     folder = out / "teacher"
-    run_id = fingerprint(config.task, config.teacher)
-    if (record := stage_done(folder, run_id)) is not None:
+    run_id, config, record = open_stage("teacher", config, folder)
+    if record is not None:
         logger.info("teacher: done (dev %s), skipping", record["dev"])
         return record
     _banner("teacher", folder)
@@ -81,16 +93,16 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
 
 
-def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> str:
-    """The masked LM for augmentation: the configured one, or one adapted here. Returns its name or path."""
+def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> tuple[str, str]:
+    """The masked LM for augmentation: the configured one, or one adapted here. Returns (name or folder, run id)."""
     if config.mlm.model is not None:
-        return config.mlm.model
+        return config.mlm.model, "given"  # mlm.model itself is read by the augmentation stage
     folder = out / "mlm"
-    run_id = fingerprint(config.mlm)
-    if stage_done(folder, run_id) is None:
+    run_id, config, record = open_stage("mlm", config, folder)
+    if record is None:
         _banner("adapt-mlm", folder)
         adapt_mlm(config.mlm, folder, run_id, device=device)
-    return str(folder)
+    return str(folder), run_id
 
 
 def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, *,
@@ -98,11 +110,11 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     """The distillation training set: augmented (TinyBERT §3.3) or the original, with the masked LM and word-vector
     search on ``device``. Returns (dataset, run id)."""
     if not config.augment.enabled:
-        return data["train"], fingerprint(config.task, "no-augmentation")
-    mlm = mlm_stage(config, out, device=device)
+        return data["train"], STAGES["augmented"].run_id(config, {"mlm": "none"})
+    mlm, mlm_run_id = mlm_stage(config, out, device=device)
     folder = out / "augmented"
-    run_id = augment_fingerprint(config.augment, config.task, mlm if config.mlm.model else config.mlm)
-    if (record := stage_done(folder, run_id)) is not None:
+    run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id})
+    if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
         return load_shards(folder), run_id
     _banner("augmentation", folder)
@@ -114,7 +126,7 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     return augmented, run_id
 
 
-def _student(config: PipelineConfig, teacher, teacher_tokenizer, layer_map: list[int]):
+def _student(config: ConfigView, teacher, teacher_tokenizer, layer_map: list[int]):
     if config.student.model is None:
         return build_student(teacher, config.student, layer_map)
     check_same_vocabulary(teacher_tokenizer, load_tokenizer(config.student.model), config.student.model)
@@ -142,25 +154,25 @@ def load_projections(objective: DistillationObjective, folder: Path) -> bool:
     return True
 
 
-def _student_layers(config: PipelineConfig) -> int:
+def _student_layers(config: ConfigView) -> int:
     if config.student.model is not None:
         return load_model_config(config.student.model).num_hidden_layers
     return student_shape(config.student)["num_hidden_layers"]
 
 
 def _distill_step(
-    name: str, config: PipelineConfig, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
+    name: str, config: ConfigView, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
     terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str, device: torch.device,
+    layer_map: list[int],
 ) -> DistillationObjective:
     """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
-    layer_map = build_layer_map(
-        config.distill.layer_map, teacher.config.num_hidden_layers, student.config.num_hidden_layers
-    ) if name == "intermediate" else list(range(1, student.config.num_hidden_layers + 1))  # unused by logits alone
-    objective = DistillationObjective(
-        teacher, student, terms, layer_map, share_projection=config.distill.share_projection,
-        temperature=config.distill.temperature, temperature_squared=config.distill.temperature_squared,
-        hard_label_weight=config.distill.hard_label_weight, regression=spec.is_regression,
-    )
+    if name == "intermediate":
+        settings = {"share_projection": config.distill.share_projection}
+    else:
+        settings = {"temperature": config.distill.temperature, "regression": spec.is_regression,
+                    "temperature_squared": config.distill.temperature_squared,
+                    "hard_label_weight": config.distill.hard_label_weight}
+    objective = DistillationObjective(teacher, student, terms, layer_map, **settings)
     if name == "intermediate" and config.student.model is not None:
         load_projections(objective, Path(config.student.model))
     train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)",
@@ -169,6 +181,59 @@ def _distill_step(
     tokenizer.save_pretrained(folder)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     return objective
+
+
+def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, train_set: datasets.Dataset,
+                      data_run_id: str, out: Path, folder: Path, *, device: torch.device) -> dict:
+    """The intermediate step (embedding, hidden and attention losses) into ``folder``; returns its record."""
+    inputs = {"teacher": teacher_record["run_id"], "augmented": data_run_id}
+    run_id, config, record = open_stage("student_intermediate", config, folder, inputs)
+    if record is not None:
+        return record
+    _banner("task distillation, intermediate step", folder)
+    tokenizer = load_tokenizer(str(out / "teacher"))
+    teacher = load_teacher(str(out / "teacher"), spec)
+    terms = intermediate_terms(config.distill.weights)
+    layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
+                 if terms else None)
+    set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
+    student = _student(config, teacher, tokenizer, layer_map)
+    if not terms:  # logit-only distillation: the student goes straight to the prediction step
+        logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
+        student.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "device": str(device)})
+    objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
+                              config.distill.intermediate, folder, run_id, device, layer_map)
+    save_projections(objective, folder)
+    return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "device": str(device)})
+
+
+def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
+                    train_set: datasets.Dataset, data_run_id: str, step1: dict, out: Path, folder: Path, *,
+                    device: torch.device) -> dict:
+    """The prediction step (soft cross-entropy on cached teacher logits) into ``folder``, then the student's dev
+    metrics; returns its record."""
+    logits_run_id, _, _ = open_stage("teacher_logits", config, out / "teacher_logits",
+                                     {"teacher": teacher_record["run_id"], "augmented": data_run_id})
+    inputs = {"student_intermediate": step1["run_id"], "teacher_logits": logits_run_id}
+    run_id, config, record = open_stage("student", config, folder, inputs)
+    if record is not None:
+        logger.info("student: done (dev %s), skipping", record["dev"])
+        return record
+    _banner("task distillation, prediction step", folder)
+    tokenizer = load_tokenizer(str(out / "teacher"))
+    teacher = load_teacher(str(out / "teacher"), spec).to(device)
+    train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
+                                    device=device)
+    student = AutoModelForSequenceClassification.from_pretrained(folder.parent / "student_intermediate")
+    weight = config.distill.weights.get("prediction", 1.0)
+    _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set, {"prediction": weight},
+                  config.distill.prediction, folder, run_id, device,
+                  list(range(1, student.config.num_hidden_layers + 1)))  # no layer is matched: logits alone
+    metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
+    logger.info("student dev metrics: %s", metrics)
+    return mark_stage_done(folder, run_id, {"dev": metrics, "device": str(device)})
 
 
 def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
@@ -180,57 +245,20 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     The steps write ``student_intermediate/`` and ``student/`` in ``student_dir`` (default ``out``); the teacher
     and the cached teacher logits are read from ``out``, so several students can share them (a sweep)."""
     student_dir = student_dir or out
-    teacher_dir = out / "teacher"
-    tokenizer = load_tokenizer(str(teacher_dir))
-    weights = config.distill.weights
+    tokenizer = load_tokenizer(str(out / "teacher"))
     columns = [*spec.text_columns, "label"]
     train_set = tokenize(train_data.select_columns(columns), tokenizer, spec, config.task.max_seq_length)
-
-    step1 = student_dir / "student_intermediate"
-    step1_config = {k: v for k, v in to_dict(config.distill).items() if k != "prediction"}
-    run1 = fingerprint(teacher_record["run_id"], data_run_id, config.student, step1_config)
-    if stage_done(step1, run1) is None:
-        _banner("task distillation, intermediate step", step1)
-        teacher = load_teacher(str(teacher_dir), spec)
-        layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
-                     if intermediate_terms(config.distill.weights) else None)
-        set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
-        student = _student(config, teacher, tokenizer, layer_map)
-        terms = intermediate_terms(config.distill.weights)
-        if not terms:  # logit-only distillation: the student goes straight to the prediction step
-            logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
-            student.save_pretrained(step1)
-            tokenizer.save_pretrained(step1)
-            mark_stage_done(step1, run1, {"layer_map": None, "skipped": True, "device": str(device)})
-        else:
-            objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
-                                      config.distill.intermediate, step1, run1, device)
-            save_projections(objective, step1)
-            mark_stage_done(step1, run1, {"layer_map": [0, *objective.layer_map], "device": str(device)})
-
-    final = student_dir / "student"
-    run2 = fingerprint(run1, config.distill.prediction, config.distill.temperature, config.distill.temperature_squared,
-                       config.distill.hard_label_weight, weights.get("prediction", 1.0))
-    if (record := stage_done(final, run2)) is not None:
-        logger.info("student: done (dev %s), skipping", record["dev"])
-        return record
-    _banner("task distillation, prediction step", final)
-    teacher = load_teacher(str(teacher_dir), spec).to(device)
-    train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits",
-                                    fingerprint(teacher_record["run_id"], data_run_id), device=device)
-    student = AutoModelForSequenceClassification.from_pretrained(step1)
-    _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set,
-                  {"prediction": weights.get("prediction", 1.0)}, config.distill.prediction, final, run2, device)
-    metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
-    logger.info("student dev metrics: %s", metrics)
-    return mark_stage_done(final, run2, {"dev": metrics, "device": str(device)})
+    step1 = intermediate_step(config, spec, teacher_record, train_set, data_run_id, out,
+                              student_dir / "student_intermediate", device=device)
+    return prediction_step(config, spec, data, teacher_record, train_set, data_run_id, step1, out,
+                           student_dir / "student", device=device)
 
 
 def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str, *,
                         device: torch.device) -> datasets.Dataset:
     """Add a ``teacher_logits`` column (B, C), computed once on ``device`` (where ``teacher`` is) and cached on
     disk: the prediction step then skips the teacher forward."""
-    if stage_done(folder, run_id) is None:
+    if finished_or_superseded(folder, run_id) is None:
         logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
         datasets.Dataset.from_dict({"teacher_logits": logits.tolist()}).save_to_disk(str(folder / "data"))
         mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})

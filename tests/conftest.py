@@ -124,3 +124,25 @@ def tiny_job(tmp_path, teacher_model, tokenizer, **sections) -> str:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
+
+
+def tiny_job_every_stage(tmp_path, tokenizer) -> str:
+    """The tiny pipeline job of the other tests with every stage on: a teacher fine-tuned from a tiny encoder,
+    adapt-mlm on a tiny corpus, augmentation (tiny word vectors), both distillation steps, the report."""
+    encoder = tmp_path / "encoder"
+    tiny_bert(seed=0).save_pretrained(encoder)
+    tokenizer.save_pretrained(encoder)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the movie was good\na bad film\nthe plot was fun\n" * 4)
+    vectors = tmp_path / "vectors.kv"
+    tiny_vectors().save(str(vectors))
+    from tests.glue_fixtures import write_glue_folder
+
+    data = write_glue_folder(tmp_path, "sst2")
+    steps = {"max_steps": 2, "batch_size": 4, "save_steps": 1, "log_steps": 1}
+    path = tiny_job(tmp_path, tiny_bert(seed=0), tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                    teacher={"model": None, "base_model": str(encoder), "train": steps},
+                    mlm={"base_model": str(encoder), "corpus": [str(corpus)], "train": steps},
+                    augment={"enabled": True, "num_copies": 2, "max_examples": 4, "word_vectors": str(vectors),
+                             "shard_size": 2})
+    return path

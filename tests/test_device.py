@@ -14,7 +14,6 @@ import json
 import datasets
 import pytest
 import torch
-import yaml
 from transformers import BertTokenizer
 
 import augment.augmenter
@@ -26,8 +25,7 @@ from distill.config import ConfigError, TrainConfig, load_config
 from distill.evaluate import predict
 from distill.objective import DistillationObjective, MaskedLMObjective, ModelLossObjective
 from distill.trainer import train
-from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job, tiny_masked_lm, tiny_vectors
-from tests.glue_fixtures import write_glue_folder
+from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job_every_stage
 
 FAKE = torch.device("cpu", 0)  # computes on the CPU; a different device object from torch.device("cpu")
 
@@ -70,29 +68,9 @@ class Spy:
         self.monkeypatch.setattr(cls, "__init__", spy)
 
 
-def _job_with_every_stage(tmp_path, tokenizer) -> str:
-    """The tiny pipeline job of the other tests with every stage on: a teacher fine-tuned from a tiny encoder,
-    adapt-mlm on a tiny corpus, augmentation (tiny word vectors), both distillation steps, the report."""
-    encoder = tmp_path / "encoder"
-    tiny_bert(seed=0).save_pretrained(encoder)
-    tokenizer.save_pretrained(encoder)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the movie was good\na bad film\nthe plot was fun\n" * 4)
-    vectors = tmp_path / "vectors.kv"
-    tiny_vectors().save(str(vectors))
-    data = write_glue_folder(tmp_path, "sst2")
-    steps = {"max_steps": 2, "batch_size": 4, "save_steps": 1, "log_steps": 1}
-    path = tiny_job(tmp_path, tiny_bert(seed=0), tokenizer, task={"name": "sst2", "data_dir": str(data)},
-                    teacher={"model": None, "base_model": str(encoder), "train": steps},
-                    mlm={"base_model": str(encoder), "corpus": [str(corpus)], "train": steps},
-                    augment={"enabled": True, "num_copies": 2, "max_examples": 4, "word_vectors": str(vectors),
-                             "shard_size": 2})
-    return path
-
-
 def test_every_pipeline_stage_runs_on_the_device_it_is_given(tmp_path, monkeypatch):
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
-    config = load_config(_job_with_every_stage(tmp_path, tokenizer))
+    config = load_config(tiny_job_every_stage(tmp_path, tokenizer))
     spy = Spy(monkeypatch)
     spy.wrap_function(distill.evaluate, "predict", "evaluation")  # evaluate / evaluate_task call it
     spy.wrap_function(distill.pipeline, "predict", "teacher-logit cache")

@@ -76,13 +76,23 @@ def test_rerun_skips_finished_stages(smoke_run):
     assert after["student"]["accuracy"] == before["student"]["accuracy"]
 
 
-def test_changed_config_is_not_mixed_with_old_outputs(smoke_run, tmp_path):
+def test_a_changed_setting_reruns_only_the_stages_that_read_it(smoke_run, tmp_path):
+    """`--set distill.temperature=2` on a finished run: the prediction step runs again (its old output kept under
+    superseded/), every other stage is reused."""
+    import shutil
+
     out, _ = smoke_run
-    config = (ROOT / "configs" / "smoke.yaml").read_text().replace("max_steps: 6", "max_steps: 7")
-    (tmp_path / "changed.yaml").write_text(config)
-    result = _run("pipeline", "--config", str(tmp_path / "changed.yaml"), "--output-dir", str(out))
-    assert result.returncode == 2
-    assert "holds the output of another run" in result.stderr and "--output-dir" in result.stderr
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    old = json.loads((copy / "student" / "stage.json").read_text())["run_id"]
+    result = _run("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(copy),
+                  "--set", "distill.temperature=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "=== stage: task distillation, prediction step" in result.stderr
+    for banner in ("teacher", "adapt-mlm", "augmentation", "task distillation, intermediate step"):
+        assert f"=== stage: {banner} " not in result.stderr, banner
+    assert (copy / "superseded" / f"student-{old}" / "model.safetensors").is_file()
+    assert json.loads((copy / "student" / "stage.json").read_text())["run_id"] != old
 
 
 def test_bad_input_gives_a_clear_error_and_no_traceback(tmp_path):

@@ -1,0 +1,33 @@
+"""tinydistill: TinyBERT-style knowledge distillation (Jiao et al., 2020).
+
+The public API, for distilling from Python instead of the command line (see the README's quick start):
+
+- models: :func:`build_student` (a student shaped from the teacher's config), :class:`StudentConfig`;
+- data: :func:`get_task`, :func:`load_task_data`, :func:`tokenize`, :func:`collator`, :class:`TaskConfig`;
+- distillation: :func:`build_layer_map`, :class:`DistillationObjective`, :func:`train`, :class:`TrainConfig`,
+  :data:`LOSS_TERMS`;
+- evaluation and devices: :func:`evaluate_task`, :func:`run_device`;
+- the whole job: :func:`load_config`, :func:`run_pipeline`.
+
+Names are imported on first use, so ``import distill`` stays cheap and submodules import each other freely.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_API = {
+    "build_student": "students", "StudentConfig": "distill.config", "TaskConfig": "distill.config",
+    "TrainConfig": "distill.config", "load_config": "distill.config", "get_task": "distill.data",
+    "load_task_data": "distill.data", "tokenize": "distill.data", "collator": "distill.data",
+    "build_layer_map": "distill.layer_map", "DistillationObjective": "distill.objective", "train": "distill.trainer",
+    "LOSS_TERMS": "distill.terms", "evaluate_task": "distill.evaluate", "run_device": "distill.device",
+    "run_pipeline": "distill.pipeline",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'distill' has no attribute {name!r}")
+    return getattr(importlib.import_module(_API[name]), name)

@@ -1,0 +1,142 @@
+"""Stages of the pipeline and their run ids, derived from what each stage reads.
+
+Each stage declares the config fields it reads (:attr:`StageSpec.reads`, dotted paths) and the stages whose outputs it
+reads (:attr:`StageSpec.inputs`). Its run id is a hash of exactly those fields' values and those inputs' run ids, so
+a change to a field re-runs the stages that read it and the stages after them, and nothing else: a new temperature
+re-runs the prediction step and reuses the intermediate step; new augmentation settings re-run augmentation and every
+step after it, and reuse the teacher.
+
+A stage's code sees the config only through :meth:`StageSpec.view`, which refuses a field the stage did not declare
+(:class:`UndeclaredFieldError`), so the declaration cannot fall behind the code: a stage that starts reading a new
+field fails its first test until the field is declared, and with it enters the run id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from distill.config import fingerprint, to_dict
+from distill.terms import terms_of
+
+# Fields any stage may read that do not change its output.
+ALWAYS_READABLE = ("output_dir",)
+
+
+class UndeclaredFieldError(AttributeError):
+    """A stage read a config field it does not declare (a bug in the stage, not in the user's config)."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A stage: its output folder, the config fields it reads and the stages whose outputs it reads.
+
+    Attributes:
+        name: the stage's folder under the output directory.
+        reads: dotted config paths that decide its output ("teacher" is the whole section, "distill.weights.hidden"
+            one key of a mapping).
+        neutral: dotted paths that change its speed only (e.g. the augmenter's batch size): readable, and left out of
+            the hash even inside a section named in ``reads``.
+        inputs: names of the stages whose outputs it reads; their run ids enter its run id.
+    """
+
+    name: str
+    reads: tuple[str, ...]
+    neutral: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+
+    def run_id(self, config: Any, inputs: dict[str, str]) -> str:
+        """Hash of the declared fields' values and the inputs' run ids (``inputs``: {stage name: run id})."""
+        missing = [name for name in self.inputs if name not in inputs]
+        if missing:
+            raise ValueError(f"stage {self.name}: run ids of its inputs {missing} are needed")
+        values = {path: _plain(_lookup(config, path)) for path in self.reads}
+        for neutral in self.neutral:  # a speed-only field inside a hashed section
+            for path, value in values.items():
+                if neutral.startswith(path + ".") and isinstance(value, dict):
+                    _drop(value, neutral[len(path) + 1:].split("."))
+        return fingerprint(self.name, values, {name: inputs[name] for name in self.inputs})
+
+    def view(self, config: Any) -> "ConfigView":
+        """``config`` as this stage may see it: the declared fields (and the neutral ones) only."""
+        return ConfigView(config, "", frozenset((*self.reads, *self.neutral, *ALWAYS_READABLE)), self.name)
+
+
+def _lookup(node: Any, path: str) -> Any:
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def _drop(mapping: dict, parts: list[str]) -> None:
+    for part in parts[:-1]:
+        mapping = mapping.get(part, {})
+    mapping.pop(parts[-1], None)
+
+
+def _plain(value: Any) -> Any:
+    return to_dict(value) if dataclasses.is_dataclass(value) else value
+
+
+class ConfigView:
+    """A read-only view of a config (dataclasses and mappings) that lets through the allowed paths only.
+
+    A fully allowed field comes back as it is (a dataclass section, a value); a field with some allowed sub-fields
+    comes back as another view; any other field raises :class:`UndeclaredFieldError` naming the stage and the path.
+    """
+
+    def __init__(self, node: Any, path: str, allowed: frozenset[str], stage: str):
+        object.__setattr__(self, "_node", node)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_allowed", allowed)
+        object.__setattr__(self, "_stage", stage)
+
+    def _child(self, name: str, value: Any) -> Any:
+        path = f"{self._path}.{name}" if self._path else name
+        if any(path == a or path.startswith(a + ".") for a in self._allowed):
+            return value
+        if any(a.startswith(path + ".") for a in self._allowed):
+            return ConfigView(value, path, self._allowed, self._stage)
+        raise UndeclaredFieldError(
+            f"stage {self._stage!r} read config field {path!r}, which its StageSpec does not declare: add it to "
+            f"distill.stages.STAGES[{self._stage!r}].reads (it then enters the stage's run id)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._child(name, getattr(self._node, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"stage {self._stage!r}: the config is read-only")
+
+    # A view of a mapping (distill.weights): the lookups the stages use.
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._child(key, self._node.get(key, default))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._child(key, self._node[key])
+
+    def __contains__(self, key: str) -> bool:
+        self._child(key, None)
+        return key in self._node
+
+
+AUGMENT_NEUTRAL = ("augment.batch_size", "augment.num_workers")  # speed only, not the output
+INTERMEDIATE_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("intermediate"))
+PREDICTION_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("prediction"))
+
+STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
+    StageSpec("teacher", reads=("task", "teacher")),
+    StageSpec("mlm", reads=("mlm",)),
+    StageSpec("augmented", reads=("task", "augment", "mlm.model"), neutral=AUGMENT_NEUTRAL, inputs=("mlm",)),
+    StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
+    StageSpec("student_intermediate",
+              reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
+                     *INTERMEDIATE_WEIGHTS, "distill.intermediate"),
+              inputs=("teacher", "augmented")),
+    StageSpec("student",
+              reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
+                     "distill.hard_label_weight", *PREDICTION_WEIGHTS),
+              inputs=("student_intermediate", "teacher_logits")),
+)}

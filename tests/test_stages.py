@@ -1,0 +1,85 @@
+"""Run ids derived from what each stage reads: a changed field re-runs the stages that read it and the ones after
+them, and reuses the rest; a stage cannot read a field it does not declare."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from transformers import BertTokenizer
+
+from distill.config import load_config
+from distill.pipeline import run_pipeline
+from distill.stages import STAGES, UndeclaredFieldError
+from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
+
+STAGE_FOLDERS = ("teacher", "mlm", "augmented", "teacher_logits", "student_intermediate", "student")
+
+
+def _markers(out) -> dict[str, tuple[str, int]]:
+    """Each stage's run id and when its stage.json was written."""
+    return {stage: (json.loads((out / stage / "stage.json").read_text())["run_id"],
+                    (out / stage / "stage.json").stat().st_mtime_ns) for stage in STAGE_FOLDERS}
+
+
+def _changed(before: dict, after: dict) -> set[str]:
+    return {stage for stage in STAGE_FOLDERS if before[stage] != after[stage]}
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    config = load_config(tiny_job_every_stage(tmp_path, tokenizer))
+    run_pipeline(config)
+    return config, tmp_path / "run"
+
+
+def test_a_new_temperature_reruns_the_prediction_step_only(finished_run):
+    config, out = finished_run
+    before = _markers(out)
+    old_student = before["student"][0]
+    run_pipeline(dataclasses.replace(config, distill=dataclasses.replace(config.distill, temperature=2.0)))
+    after = _markers(out)
+    assert _changed(before, after) == {"student"}
+    # The replaced output is kept, not deleted.
+    kept = out / "superseded" / f"student-{old_student}"
+    assert json.loads((kept / "stage.json").read_text())["run_id"] == old_student
+    assert (kept / "model.safetensors").is_file()
+
+
+def test_new_augmentation_settings_rerun_augmentation_and_what_follows(finished_run):
+    config, out = finished_run
+    before = _markers(out)
+    run_pipeline(dataclasses.replace(config, augment=dataclasses.replace(config.augment, num_copies=3)))
+    assert _changed(before, _markers(out)) == {"augmented", "teacher_logits", "student_intermediate", "student"}
+
+
+def test_speed_only_settings_rerun_nothing(finished_run):
+    config, out = finished_run
+    before = _markers(out)
+    run_pipeline(dataclasses.replace(config, augment=dataclasses.replace(config.augment, batch_size=7)))
+    assert _changed(before, _markers(out)) == set()
+
+
+def test_a_stage_cannot_read_a_field_it_does_not_declare():
+    config = load_config(None)
+    view = STAGES["student"].view(config)
+    assert view.distill.temperature == 1.0  # declared
+    assert view.distill.prediction.learning_rate == config.distill.prediction.learning_rate  # inside a declared section
+    assert view.distill.weights.get("prediction", 1.0) == 1.0
+    for read in (lambda: view.distill.layer_map, lambda: view.teacher, lambda: view.distill.weights.get("hidden")):
+        with pytest.raises(UndeclaredFieldError, match=r"stage 'student' read config field 'distill\.|'teacher'"):
+            read()
+
+
+def test_run_ids_follow_the_declared_fields_and_inputs():
+    config = load_config(None)
+    spec = STAGES["student_intermediate"]
+    inputs = {"teacher": "t", "augmented": "a"}
+    base = spec.run_id(config, inputs)
+    assert spec.run_id(dataclasses.replace(config, distill=dataclasses.replace(config.distill, temperature=3.0)),
+                       inputs) == base
+    assert spec.run_id(dataclasses.replace(config, distill=dataclasses.replace(config.distill, layer_map="last")),
+                       inputs) != base
+    assert spec.run_id(config, {"teacher": "t2", "augmented": "a"}) != base
