@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy import stats
+from sklearn import metrics
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -16,26 +17,19 @@ from distill.device import model_device, same_device
 
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """Fraction of predictions equal to the labels, in [0, 1]."""
-    return float((predictions == labels).mean())
+    """Fraction of predictions equal to the labels, in [0, 1] (scikit-learn's ``accuracy_score``)."""
+    return float(metrics.accuracy_score(labels, predictions))
 
 
 def f1(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
-    """F1 of the positive class (GLUE's MRPC/QQP convention), in [0, 1]; 0 when there are no true positives."""
-    tp = int(((predictions == positive) & (labels == positive)).sum())
-    fp = int(((predictions == positive) & (labels != positive)).sum())
-    fn = int(((predictions != positive) & (labels == positive)).sum())
-    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+    """F1 of the positive class (GLUE's MRPC/QQP convention), in [0, 1]; 0 when there are no true positives
+    (scikit-learn's ``f1_score``, binary average)."""
+    return float(metrics.f1_score(labels, predictions, pos_label=positive, average="binary", zero_division=0.0))
 
 
 def matthews_corrcoef(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """Matthews correlation coefficient of binary predictions (CoLA), in [-1, 1]; 0 when undefined."""
-    tp = float(((predictions == 1) & (labels == 1)).sum())
-    tn = float(((predictions == 0) & (labels == 0)).sum())
-    fp = float(((predictions == 1) & (labels == 0)).sum())
-    fn = float(((predictions == 0) & (labels == 1)).sum())
-    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return 0.0 if denominator == 0 else (tp * tn - fp * fn) / denominator
+    """Matthews correlation coefficient (CoLA), in [-1, 1]; 0 when undefined (scikit-learn's ``matthews_corrcoef``)."""
+    return float(metrics.matthews_corrcoef(labels, predictions))
 
 
 def correlation(function, predictions: np.ndarray, labels: np.ndarray) -> float:

@@ -53,6 +53,7 @@ from teachers import (
     load_teacher,
     load_tokenizer,
 )
+from teachers.finetune import dev_labels
 from teachers.mlm import corpus_files
 from teachers.models import check_teacher_config, load_config as load_model_config
 
@@ -87,7 +88,7 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels).to(device)
     tokenizer = load_tokenizer(config.teacher.model)
     metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length, device=device)
-    check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model)
+    check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model, dev_labels(data, spec))
     teacher.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})

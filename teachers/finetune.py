@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import datasets
+import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, set_seed
 
@@ -21,23 +22,47 @@ from teachers.models import ModelError, load_tokenizer, resolve_model
 logger = logging.getLogger(__name__)
 
 
-def chance_level(spec: TaskSpec) -> float:
-    """Metric of a model that guesses uniformly: 1/C for classification metrics, 0 for correlations."""
-    return 0.0 if spec.is_regression else 1.0 / spec.num_labels
+def chance_level(spec: TaskSpec, dev_labels=None) -> float:
+    """What a model that has learnt nothing scores on the task's primary metric (``spec.metrics[0]``).
 
+    - accuracy: 1/C, the expected accuracy of a uniform guess;
+    - Matthews correlation, Pearson, Spearman: 0 (any constant or random guess is uncorrelated with the labels);
+    - F1 (of the positive class): that of the best constant guess, always "positive", 2p / (1 + p) for a positive
+      rate p in the dev labels (``dev_labels`` needed; 0.5 assumed without them).
 
-def check_teacher_quality(metrics: dict, spec: TaskSpec, minimum: float | None, name: str) -> None:
-    """Refuse a teacher whose first dev metric is below ``minimum`` (default: chance + 0.05).
-
-    Raises:
-        ModelError: naming the metric, its value and the threshold.
+    Args:
+        spec: the task.
+        dev_labels: (N,) dev label ids, for an F1 primary metric.
     """
     metric = spec.metrics[0]
-    threshold = chance_level(spec) + 0.05 if minimum is None else minimum
+    if metric in ("matthews_corrcoef", "pearson", "spearmanr") or spec.is_regression:
+        return 0.0
+    if metric == "f1":
+        positive = 0.5 if dev_labels is None else float(np.mean(np.asarray(dev_labels) == 1))
+        return 2 * positive / (1 + positive)
+    return 1.0 / spec.num_labels
+
+
+def dev_labels(data: datasets.DatasetDict, spec: TaskSpec):
+    """The main dev split's labels (for a chance level that depends on them)."""
+    split = next(iter(spec.dev_splits))
+    return data[split]["label"]
+
+
+def check_teacher_quality(metrics: dict, spec: TaskSpec, minimum: float | None, name: str, dev_labels=None) -> None:
+    """Refuse a teacher whose primary dev metric is below ``minimum`` (default: chance + 0.05, see
+    :func:`chance_level`).
+
+    Raises:
+        ModelError: naming the metric, its value, the threshold and chance.
+    """
+    metric = spec.metrics[0]
+    chance = chance_level(spec, dev_labels)
+    threshold = chance + 0.05 if minimum is None else minimum
     if metrics[metric] < threshold:
         raise ModelError(
             f"teacher {name!r} has dev {metric} {metrics[metric]:.4f}, below {threshold:.4f} (chance is "
-            f"{chance_level(spec):.2f}): it is not fine-tuned for {spec.name} or is broken. Distilling it would give "
+            f"{chance:.2f}): it is not fine-tuned for {spec.name} or is broken. Distilling it would give "
             "a garbage student. Train it longer, or lower teacher.min_dev_metric if you mean it."
         )
 
@@ -74,7 +99,7 @@ def finetune_teacher(
     tokenizer.save_pretrained(stage_dir)
     metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
     logger.info("teacher dev metrics: %s", metrics)
-    check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir))
+    check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir), dev_labels(data, spec))
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
     return mark_stage_done(stage_dir, run_id, {"dev": metrics, "num_train_examples": len(train_set),
                                                "device": str(device)})

@@ -61,6 +61,42 @@ def test_teacher_near_chance_is_refused():
     check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), 0.5, "t")
 
 
+# Chance on each GLUE task's primary metric: what a constant or uniform guess scores there.
+CHANCE = {"cola": 0.0, "sst2": 0.5, "mrpc": 0.5, "stsb": 0.0, "qqp": 0.5, "mnli": 1 / 3, "qnli": 0.5, "rte": 0.5,
+          "wnli": 0.5}
+
+
+@pytest.mark.parametrize("task", sorted(CHANCE))
+def test_the_refusal_bar_is_chance_on_the_tasks_primary_metric_plus_005(task):
+    from teachers.finetune import chance_level
+
+    spec = get_task(task)
+    assert chance_level(spec) == pytest.approx(CHANCE[task])
+    metric = spec.metrics[0]
+    with pytest.raises(ModelError, match=f"has dev {metric} .* below {CHANCE[task] + 0.05:.4f}"):
+        check_teacher_quality({metric: CHANCE[task] + 0.049}, spec, None, "just below")
+    check_teacher_quality({metric: CHANCE[task] + 0.051}, spec, None, "just above")
+
+
+def test_a_matthews_teacher_of_04_is_accepted_and_a_constant_one_refused():
+    """MCC 0.0 is a constant predictor; chance on MCC is 0, not 1/C, so a good teacher (0.4) passes."""
+    check_teacher_quality({"matthews_corrcoef": 0.40}, get_task("cola"), None, "good")
+    with pytest.raises(ModelError, match="chance is 0.00"):
+        check_teacher_quality({"matthews_corrcoef": 0.0}, get_task("cola"), None, "constant")
+
+
+def test_an_f1_primary_metric_has_the_best_constant_guess_as_chance():
+    import dataclasses
+
+    from teachers.finetune import chance_level
+
+    spec = dataclasses.replace(get_task("mrpc"), metrics=("f1", "accuracy"))
+    labels = [1] * 68 + [0] * 32  # always "positive" scores F1 = 2 · 0.68 / 1.68
+    assert chance_level(spec, labels) == pytest.approx(2 * 0.68 / 1.68)
+    with pytest.raises(ModelError, match="below 0.8595"):
+        check_teacher_quality({"f1": 0.85, "accuracy": 0.8}, spec, None, "t", labels)
+
+
 def test_student_presets_and_teacher_init():
     assert student_shape(StudentConfig()) == {"num_hidden_layers": 4, "hidden_size": 312, "intermediate_size": 1200,
                                               "num_attention_heads": 12}
