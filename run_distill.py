@@ -246,10 +246,10 @@ def run_pipeline_command(config, args) -> int:
 def run_distill_command(config, args) -> int:
     if args.stage == "task":
         return run_pipeline_command(config, args)
-    from distill.general import run_general_distillation
+    from distill.general import general_config, run_general_distillation
 
     folder = Path(config.output_dir) / "general"
-    record = run_general_distillation(config.general, folder)
+    record = run_general_distillation(general_config(config, for_pipeline=False), folder)
     from accelerate import PartialState
 
     if not PartialState().is_main_process:

@@ -217,9 +217,18 @@ def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, 
 
 @dataclass
 class GeneralConfig:
-    """General distillation (TinyBERT §3.4): a pre-trained encoder teaches a student encoder on unlabelled text."""
+    """General distillation (TinyBERT §3.4): a pre-trained encoder teaches a student encoder on unlabelled text.
 
-    teacher: str = "minilm"  # pre-trained (not fine-tuned) encoder: hub name, folder, or "minilm" (bundled)
+    In the pipeline it is a stage of its own, made once per teacher encoder, student shape, corpus and settings in a
+    cache folder and reused by every task and output folder; the task's student starts from it. There the student is
+    the task's ``student`` (``general.student`` is for ``distill --stage general`` alone) and the teacher, unless
+    named here, is the task teacher's pre-trained encoder (``teacher.base_model``, or the given ``teacher.model``'s
+    encoder).
+    """
+
+    enabled: bool = True  # pipeline: start the task's student from the general-distilled one (made once, cached)
+    cache_dir: str | None = None  # pipeline: where general-distilled students are kept (None: $TINYDISTILL_CACHE/general, default ~/.cache/tinydistill/general)
+    teacher: str | None = None  # pre-trained (not fine-tuned) encoder: hub name, folder, "minilm" or "mpnet"; None: the task teacher's
     corpus: list[str] = field(default_factory=lambda: ["bundled"])  # text files (.txt/.gz) or hub name[:config]
     corpus_column: str = "text"  # text column of a hub corpus
     streaming: bool = False  # pack on the fly while training (large corpora); else packed once and saved

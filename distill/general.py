@@ -12,10 +12,12 @@ packed corpus, unless streamed), ``log.jsonl``, ``checkpoints/`` while running, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,7 +26,7 @@ from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
 
 from distill.checkpoint import mark_stage_done, stage_done
-from distill.config import ConfigError, GeneralConfig, fingerprint
+from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.data import collator
 from distill.device import run_device
@@ -53,10 +55,51 @@ def load_encoder(name_or_path: str):
     return AutoModel.from_pretrained(resolve_model(name_or_path)).eval().requires_grad_(False)
 
 
+# Fields that say where and whether the stage runs, not what it makes.
+NOT_IN_RUN_ID = ("enabled", "cache_dir")
+
+
+def general_config(config: PipelineConfig, for_pipeline: bool = True) -> GeneralConfig:
+    """The general distillation a pipeline config asks for, with its teacher named: ``general.teacher``, else the
+    task teacher (``teacher.model``'s encoder, else ``teacher.base_model``). In the pipeline (``for_pipeline``) the
+    student is the task's ``student``; ``distill --stage general`` uses ``general.student``."""
+    general = config.general
+    teacher = general.teacher or config.teacher.model or config.teacher.base_model
+    student = config.student if for_pipeline else general.student
+    return dataclasses.replace(general, teacher=teacher, student=student)
+
+
 def general_run_id(config: GeneralConfig) -> tuple[str, str]:
-    """Fingerprints of a general distillation (its whole config and the corpus) and of its packed corpus."""
+    """Fingerprints of a general distillation (its settings and the corpus) and of its packed corpus."""
     corpus = corpus_fingerprint(corpus_sources(config.corpus), config.teacher, config.max_seq_length)
-    return fingerprint(config, corpus), corpus
+    settings = {k: v for k, v in to_dict(config).items() if k not in NOT_IN_RUN_ID}
+    return fingerprint(settings, corpus), corpus
+
+
+def cache_folder(config: GeneralConfig, run_id: str) -> Path:
+    """Where the pipeline keeps the general-distilled student of ``config``: ``<cache>/<teacher>-<shape>-<run id>``
+    under ``general.cache_dir`` (default ``$TINYDISTILL_CACHE/general``, ``~/.cache/tinydistill/general``)."""
+    from teachers.assets import cache_dir
+
+    root = Path(config.cache_dir) if config.cache_dir else cache_dir() / "general"
+    shape = student_shape(config.student)
+    name = f"{Path(config.teacher).name}-{shape['num_hidden_layers']}l{shape['hidden_size']}-{run_id}"
+    return root / name
+
+
+@contextmanager
+def exclusive(folder: Path):
+    """Hold an exclusive lock on ``folder`` (a ``.lock`` file beside it) while the block runs: two pipelines that
+    need the same general stage make it once, the second waits and then reuses it."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run_general_distillation(config: GeneralConfig, output_dir: str | Path, device: torch.device | None = None) -> dict:

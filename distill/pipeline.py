@@ -35,10 +35,19 @@ from augment import (
 from distill.capture import CaptureError, capture_support
 from distill.checkpoint import finished_or_superseded, mark_stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, to_dict
+from distill.corpus import corpus_sources
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
-from distill.general import PROJECTIONS_FILE, save_projections
+from distill.general import (
+    PROJECTIONS_FILE,
+    cache_folder,
+    exclusive,
+    general_config,
+    general_run_id,
+    run_general_distillation,
+    save_projections,
+)
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
@@ -127,12 +136,39 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     return augmented, run_id
 
 
-def _student(config: ConfigView, teacher, teacher_tokenizer, layer_map: list[int]):
-    if config.student.model is None:
+def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> dict:
+    """General distillation for this job's teacher encoder and student shape (TinyBERT §3.4), made once in the cache
+    (:func:`distill.general.cache_folder`) and reused by every task and output folder; the intermediate step starts
+    its student from it. Skipped when ``general.enabled`` is false or ``student.model`` names a start.
+
+    Returns:
+        {"run_id", "folder"} of the general-distilled student; "none" and no folder when skipped. Written to
+        ``<out>/general.json``.
+    """
+    if not config.general.enabled or config.student.model is not None:
+        return {"run_id": "none", "folder": None}
+    general = general_config(config)
+    run_id, _ = general_run_id(general)
+    folder = cache_folder(general, run_id)
+    with exclusive(folder):
+        if finished_or_superseded(folder, run_id) is None:
+            _banner("general distillation (cached for reuse)", folder)
+        record = run_general_distillation(general, folder, device=device)
+    reference = {"run_id": record["run_id"], "folder": str(folder), "teacher": general.teacher,
+                 "corpus": general.corpus, "steps": record["steps"], "seconds": record["seconds"]}
+    write_json_atomic(out / "general.json", reference)
+    return reference
+
+
+def _student(config: ConfigView, teacher, teacher_tokenizer, layer_map: list[int], start: str | None = None):
+    """A new student of ``config.student``'s shape, or one started from a checkpoint (``student.model``, or the
+    general-distilled ``start``) with the teacher's labels and a new head."""
+    start = config.student.model or start
+    if start is None:
         return build_student(teacher, config.student, layer_map)
-    check_same_vocabulary(teacher_tokenizer, load_tokenizer(config.student.model), config.student.model)
+    check_same_vocabulary(teacher_tokenizer, load_tokenizer(start), start)
     return AutoModelForSequenceClassification.from_pretrained(
-        config.student.model, num_labels=teacher.config.num_labels, id2label=teacher.config.id2label,
+        start, num_labels=teacher.config.num_labels, id2label=teacher.config.id2label,
         label2id=teacher.config.label2id,
     )
 
@@ -164,7 +200,7 @@ def _student_layers(config: ConfigView) -> int:
 def _distill_step(
     name: str, config: ConfigView, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
     terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str, device: torch.device,
-    layer_map: list[int],
+    layer_map: list[int], start: str | None = None,
 ) -> DistillationObjective:
     """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
     if name == "intermediate":
@@ -174,8 +210,9 @@ def _distill_step(
                     "temperature_squared": config.distill.temperature_squared,
                     "hard_label_weight": config.distill.hard_label_weight}
     objective = DistillationObjective(teacher, student, terms, layer_map, **settings)
-    if name == "intermediate" and config.student.model is not None:
-        load_projections(objective, Path(config.student.model))
+    start = config.student.model or start if name == "intermediate" else None
+    if start is not None:
+        load_projections(objective, Path(start))
     train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)",
           device=device)
     student.save_pretrained(folder)
@@ -185,9 +222,10 @@ def _distill_step(
 
 
 def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, train_set: datasets.Dataset,
-                      data_run_id: str, out: Path, folder: Path, *, device: torch.device) -> dict:
-    """The intermediate step (embedding, hidden and attention losses) into ``folder``; returns its record."""
-    inputs = {"teacher": teacher_record["run_id"], "augmented": data_run_id}
+                      data_run_id: str, general: dict, out: Path, folder: Path, *, device: torch.device) -> dict:
+    """The intermediate step (embedding, hidden and attention losses) into ``folder``, the student starting from the
+    general-distilled one when there is one; returns its record."""
+    inputs = {"teacher": teacher_record["run_id"], "augmented": data_run_id, "general": general["run_id"]}
     run_id, config, record = open_stage("student_intermediate", config, folder, inputs)
     if record is not None:
         return record
@@ -198,16 +236,17 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
                  if terms else None)
     set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
-    student = _student(config, teacher, tokenizer, layer_map)
+    student = _student(config, teacher, tokenizer, layer_map, start=general["folder"])
     if not terms:  # logit-only distillation: the student goes straight to the prediction step
         logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
         student.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "device": str(device)})
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
-                              config.distill.intermediate, folder, run_id, device, layer_map)
+                              config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"])
     save_projections(objective, folder)
-    return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "device": str(device)})
+    return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "device": str(device),
+                                            "start": general["folder"] or config.student.model or config.student.init})
 
 
 def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
@@ -249,7 +288,8 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     tokenizer = load_tokenizer(str(out / "teacher"))
     columns = [*spec.text_columns, "label"]
     train_set = tokenize(train_data.select_columns(columns), tokenizer, spec, config.task.max_seq_length)
-    step1 = intermediate_step(config, spec, teacher_record, train_set, data_run_id, out,
+    general = general_stage(config, student_dir, device=device)
+    step1 = intermediate_step(config, spec, teacher_record, train_set, data_run_id, general, out,
                               student_dir / "student_intermediate", device=device)
     return prediction_step(config, spec, data, teacher_record, train_set, data_run_id, step1, out,
                            student_dir / "student", device=device)
@@ -296,7 +336,8 @@ def preflight(config: PipelineConfig) -> None:
     """Check inputs of later stages before the first one runs, so a typo is not found an hour in.
 
     Raises:
-        VectorsError, DataError: missing word vectors, stop word list or corpus file.
+        VectorsError, DataError: missing word vectors, stop word list or corpus file (masked LM or general stage).
+        ModelError: the general stage's teacher cannot be found.
         ConfigError: an unknown student preset or an impossible student shape.
     """
     if config.augment.enabled:
@@ -309,6 +350,9 @@ def preflight(config: PipelineConfig) -> None:
             student_shape(config.student)
         except ValueError as error:
             raise ConfigError(f"student: {error}") from None
+        if config.general.enabled:
+            corpus_sources(config.general.corpus)
+            load_model_config(general_config(config).teacher)
     check_student_fits_teacher(config)
 
 

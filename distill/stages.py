@@ -134,7 +134,7 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("student_intermediate",
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
                      *INTERMEDIATE_WEIGHTS, "distill.intermediate"),
-              inputs=("teacher", "augmented")),
+              inputs=("teacher", "augmented", "general")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
                      "distill.hard_label_weight", *PREDICTION_WEIGHTS),

@@ -118,6 +118,7 @@ def tiny_job(tmp_path, teacher_model, tokenizer, **sections) -> str:
                     "num_attention_heads": 2, "init": "teacher_embeddings"},
         "distill": {"intermediate": steps, "prediction": steps},
         "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
+        "general": {"enabled": False},
     }
     for key, value in sections.items():
         config[key] = {**config.get(key, {}), **value}
@@ -128,7 +129,8 @@ def tiny_job(tmp_path, teacher_model, tokenizer, **sections) -> str:
 
 def tiny_job_every_stage(tmp_path, tokenizer) -> str:
     """The tiny pipeline job of the other tests with every stage on: a teacher fine-tuned from a tiny encoder,
-    adapt-mlm on a tiny corpus, augmentation (tiny word vectors), both distillation steps, the report."""
+    adapt-mlm on a tiny corpus, augmentation (tiny word vectors), general distillation (cached in tmp_path/cache),
+    both distillation steps, the report."""
     encoder = tmp_path / "encoder"
     tiny_bert(seed=0).save_pretrained(encoder)
     tokenizer.save_pretrained(encoder)
@@ -144,5 +146,7 @@ def tiny_job_every_stage(tmp_path, tokenizer) -> str:
                     teacher={"model": None, "base_model": str(encoder), "train": steps},
                     mlm={"base_model": str(encoder), "corpus": [str(corpus)], "train": steps},
                     augment={"enabled": True, "num_copies": 2, "max_examples": 4, "word_vectors": str(vectors),
-                             "shard_size": 2})
+                             "shard_size": 2},
+                    general={"enabled": True, "cache_dir": str(tmp_path / "cache"), "corpus": [str(corpus)],
+                             "max_seq_length": 16, "train": steps})
     return path

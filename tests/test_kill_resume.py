@@ -77,6 +77,7 @@ def assets(tmp_path_factory, ) -> Path:
         "distill": {"intermediate": STEPS, "prediction": STEPS},
         "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
         "general": {"teacher": str(root / "base"), "corpus": [str(root / "corpus.txt")], "max_seq_length": 16,
+                    "cache_dir": str(root / "general_cache"),
                     "student": {"preset": None, "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
                                 "num_attention_heads": 2},
                     "train": STEPS},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from transformers import BertTokenizer
@@ -76,10 +77,29 @@ def test_a_stage_cannot_read_a_field_it_does_not_declare():
 def test_run_ids_follow_the_declared_fields_and_inputs():
     config = load_config(None)
     spec = STAGES["student_intermediate"]
-    inputs = {"teacher": "t", "augmented": "a"}
+    inputs = {"teacher": "t", "augmented": "a", "general": "g"}
     base = spec.run_id(config, inputs)
     assert spec.run_id(dataclasses.replace(config, distill=dataclasses.replace(config.distill, temperature=3.0)),
                        inputs) == base
     assert spec.run_id(dataclasses.replace(config, distill=dataclasses.replace(config.distill, layer_map="last")),
                        inputs) != base
-    assert spec.run_id(config, {"teacher": "t2", "augmented": "a"}) != base
+    assert spec.run_id(config, {**inputs, "teacher": "t2"}) != base
+    assert spec.run_id(config, {**inputs, "general": "g2"}) != base
+
+
+def test_the_general_stage_is_made_once_and_reused_by_another_output_folder(finished_run):
+    """The general-distilled student lives in the cache, keyed by teacher, student shape, corpus and settings: a second
+    output folder of the same job (or another task) starts from it without making it again."""
+    config, out = finished_run
+    general = json.loads((out / "general.json").read_text())
+    marker = json.loads((out / "student_intermediate" / "stage.json").read_text())
+    assert marker["start"] == general["folder"] and general["steps"] == 2
+    made = (Path(general["folder"]) / "stage.json").stat().st_mtime_ns
+    other = dataclasses.replace(config, output_dir=str(out.parent / "other"))
+    run_pipeline(other)
+    assert json.loads((out.parent / "other" / "general.json").read_text())["run_id"] == general["run_id"]
+    assert (Path(general["folder"]) / "stage.json").stat().st_mtime_ns == made
+    # A new student shape is another general stage.
+    shape = dataclasses.replace(config.student, hidden_size=8, intermediate_size=16)
+    run_pipeline(dataclasses.replace(other, student=shape))
+    assert json.loads((out.parent / "other" / "general.json").read_text())["run_id"] != general["run_id"]
