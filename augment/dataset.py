@@ -96,6 +96,16 @@ def _output_features(dataset: datasets.Dataset) -> datasets.Features:
     return features
 
 
+def examples_to_augment(num_examples: int, config: AugmentConfig) -> int:
+    """How many of the first examples are augmented: ``max_examples`` (None: all), and under ``max_rows`` no more
+    than (max_rows − n) / num_copies, so the augmented set stays within about ``max_rows`` rows whatever the size of
+    the task (a small task is augmented in full, a large one in part)."""
+    limit = num_examples if config.max_examples is None else min(config.max_examples, num_examples)
+    if config.max_rows is not None and config.num_copies > 0:
+        limit = min(limit, max(0, (config.max_rows - num_examples) // config.num_copies))
+    return limit
+
+
 def augment_dataset(
     dataset: datasets.Dataset,
     text_columns: tuple[str, ...],
@@ -129,7 +139,7 @@ def augment_dataset(
     shard_dir = Path(output_dir) / SHARDS
     _claim(shard_dir, run_id)
     features = _output_features(dataset)
-    limit = len(dataset) if config.max_examples is None else min(config.max_examples, len(dataset))
+    limit = examples_to_augment(len(dataset), config)
     jobs = [
         (k, list(range(k * config.shard_size, min((k + 1) * config.shard_size, limit))))
         for k in range(math.ceil(limit / config.shard_size))

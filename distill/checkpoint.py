@@ -80,7 +80,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-"))
     try:
         weights = {k: v.detach().contiguous().cpu() for k, v in trainable.state_dict().items()}
-        save_file(_untie(weights), tmp / "trainable.safetensors")
+        save_file(untie(weights), tmp / "trainable.safetensors")
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng,
                     "extra": extra or {}}, tmp / "train.pt")
         (tmp / "state.json").write_text(
@@ -111,7 +111,7 @@ def _fsync_folder(folder: Path) -> None:
             os.fsync(f.fileno())
 
 
-def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses shared storage (tied embeddings): give every tensor its own copy."""
     seen: set[int] = set()
     out = {}
@@ -120,6 +120,14 @@ def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[name] = tensor.clone() if pointer in seen else tensor
         seen.add(pointer)
     return out
+
+
+def save_file_atomic(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Write safetensors to ``path`` under a temporary name, then rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    save_file(weights, temporary)
+    os.replace(temporary, path)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:

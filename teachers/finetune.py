@@ -14,9 +14,9 @@ from transformers import AutoModelForSequenceClassification, set_seed
 from distill.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
 from distill.data import TaskSpec, collator, tokenize
-from distill.evaluate import evaluate_task
+from distill.evaluate import evaluate, evaluate_task
 from distill.objective import ModelLossObjective
-from distill.trainer import train
+from distill.trainer import BEST_FOLDER, Selection, train
 from teachers.models import ModelError, load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,13 @@ def finetune_teacher(
 
     The run checkpoints into ``stage_dir/checkpoints`` and resumes from there; the final model and tokenizer are saved
     as a plain HF checkpoint in ``stage_dir`` and the stage is marked done with its dev metrics. Training and the
-    dev evaluation run on ``device``.
+    dev evaluation run on ``device``. With ``config.select_best`` the main dev set's primary metric is scored after
+    every epoch (or every ``eval_steps`` steps) and the best weights are kept, not the last: model selection on the
+    dev set, as GLUE fine-tuning practice does (the dev metric reported is then the selected model's).
 
     Returns:
-        The stage record: {"run_id", "dev": {metric: value}, "num_train_examples", "device"}.
+        The stage record: {"run_id", "dev": {metric: value}, "num_train_examples", "steps", "device"}, and with
+        selection {"selection": {"metric", "best_step", "evaluations": [[step, value], ...], "last": value}}.
     """
     tokenizer = load_tokenizer(config.base_model)
     set_seed(config.train.seed)  # the new classifier head is drawn from the global RNG: same seed, same teacher
@@ -93,13 +96,22 @@ def finetune_teacher(
     )
     train_set = tokenize(data["train"], tokenizer, spec, task.max_seq_length)
     objective = ModelLossObjective(model)
-    train(objective, train_set, collator(tokenizer), config.train, stage_dir, run_id, "teacher fine-tuning",
-          device=device)
+    selection = None
+    if config.select_best:
+        dev = tokenize(data[next(iter(spec.dev_splits))], tokenizer, spec, task.max_seq_length)
+        primary = spec.metrics[0]
+        selection = Selection(lambda: evaluate(model, dev, tokenizer, spec, device=device)[primary], config.eval_steps)
+    state = train(objective, train_set, collator(tokenizer), config.train, stage_dir, run_id, "teacher fine-tuning",
+                  device=device, selection=selection)
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)
     metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
     logger.info("teacher dev metrics: %s", metrics)
     check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir), dev_labels(data, spec))
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    return mark_stage_done(stage_dir, run_id, {"dev": metrics, "num_train_examples": len(train_set),
-                                               "device": str(device)})
+    shutil.rmtree(stage_dir / BEST_FOLDER, ignore_errors=True)
+    record = {"dev": metrics, "num_train_examples": len(train_set), "steps": state.step, "device": str(device)}
+    if selection is not None:
+        record["selection"] = {"metric": spec.metrics[0], "best_step": state.best_step,
+                               "evaluations": state.evaluations, "last": state.evaluations[-1][1]}
+    return mark_stage_done(stage_dir, run_id, record)

@@ -253,3 +253,14 @@ def test_worker_processes_give_the_same_output(tmp_path):
     two = augment_dataset(_dataset(), ("sentence1", "sentence2"), functools.partial(tiny_generator, 3), two_workers,
                           tmp_path / "two")
     assert two.to_list() == one.to_list()
+
+
+def test_max_rows_augments_a_small_task_in_full_and_a_large_one_in_part():
+    from augment.dataset import examples_to_augment
+
+    config = AugmentConfig(num_copies=20, max_rows=40_000)
+    assert examples_to_augment(1_000, config) == 1_000  # 1,000 · 21 rows fit
+    assert examples_to_augment(3_668, config) == (40_000 - 3_668) // 20  # MRPC: 1,816 pairs
+    assert examples_to_augment(67_349, config) == 0  # more examples than the budget: kept as they are
+    assert examples_to_augment(3_668, AugmentConfig(num_copies=20, max_rows=40_000, max_examples=500)) == 500
+    assert examples_to_augment(3_668, AugmentConfig(num_copies=20)) == 3_668

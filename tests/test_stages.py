@@ -36,6 +36,15 @@ def finished_run(tmp_path):
     return config, tmp_path / "run"
 
 
+def test_the_teacher_keeps_its_best_scored_weights(finished_run):
+    config, out = finished_run
+    record = json.loads((out / "teacher" / "stage.json").read_text())
+    selection = record["selection"]
+    assert selection["metric"] == "accuracy" and [step for step, _ in selection["evaluations"]] == [2]
+    assert record["dev"]["accuracy"] == pytest.approx(selection["evaluations"][0][1])
+    assert not (out / "teacher" / "best").exists()  # kept until the stage is done, then removed
+
+
 def test_a_new_temperature_reruns_the_prediction_step_only(finished_run):
     config, out = finished_run
     before = _markers(out)

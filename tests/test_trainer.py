@@ -308,3 +308,58 @@ def test_a_term_exactly_zero_because_student_equals_teacher_trains_on(tmp_path, 
     train(objective, _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
     (line,) = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert line["loss/embedding"] == 0.0
+
+
+def test_min_steps_gives_a_small_data_set_more_epochs():
+    from distill.trainer import total_steps
+
+    assert total_steps(TrainConfig(num_epochs=2, batch_size=10), 100) == 20
+    assert total_steps(TrainConfig(num_epochs=2, batch_size=10, min_steps=50), 100) == 50  # 5 epochs
+    assert total_steps(TrainConfig(num_epochs=2, batch_size=10, min_steps=5), 100) == 20
+    assert total_steps(TrainConfig(num_epochs=2, batch_size=10, min_steps=50, max_steps=7), 100) == 7
+
+
+def _selection_objective():
+    return ModelLossObjective(tiny_bert(seed=3).train())
+
+
+def test_selection_ends_with_the_best_scored_weights_not_the_last(tmp_path, tiny_tokenizer):
+    from distill.trainer import Selection
+
+    objective = _selection_objective()
+    scores, snapshots = iter([0.5, 0.9, 0.7]), []
+
+    def evaluate():
+        snapshots.append({k: v.clone() for k, v in objective.trainable.state_dict().items()})
+        return next(scores)
+
+    config = TrainConfig(num_epochs=3, batch_size=8, learning_rate=1e-3, warmup_ratio=0.0, log_steps=1)
+    state = train(objective, _data(), _Pad(tiny_tokenizer), config, tmp_path, "run", selection=Selection(evaluate))
+    assert [step for step, _ in state.evaluations] == [3, 6, 9]  # 24 examples / 8: an evaluation per epoch
+    assert state.best_step == 6 and state.best_metric == 0.9
+    for name, value in objective.trainable.state_dict().items():
+        assert torch.equal(value, snapshots[1][name]), name
+    assert not all(torch.equal(snapshots[1][k], snapshots[2][k]) for k in snapshots[1])  # the last ones differ
+    dev = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines() if "dev_metric" in line]
+    assert [line["dev_metric"] for line in dev] == [0.5, 0.9, 0.7]
+
+
+def test_selection_resumes_to_the_same_best_weights(tmp_path, tiny_tokenizer):
+    """Killed between evaluations and resumed, training keeps the same evaluations and ends with the same weights."""
+    from distill.trainer import Selection
+
+    def run(folder, objective, fail_after=None):
+        score = lambda: float(objective.trainable["model"].classifier.weight.sum())  # noqa: E731
+        config = TrainConfig(num_epochs=4, batch_size=8, learning_rate=1e-2, warmup_ratio=0.0, save_steps=2, seed=2)
+        return train(objective, _data(), _Pad(tiny_tokenizer, fail_after=fail_after), config, folder, "run",
+                     selection=Selection(score, eval_steps=3))
+
+    reference = _selection_objective()
+    expected = run(tmp_path / "a", reference)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", _selection_objective(), fail_after=8)
+    resumed = _selection_objective()
+    state = run(tmp_path / "b", resumed)
+    assert state.evaluations == expected.evaluations and state.best_step == expected.best_step
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
