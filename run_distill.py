@@ -58,21 +58,11 @@ def set_overrides(pairs: list[str]) -> dict:
     return overrides
 
 
-# Flags of the augment command that set fields of the augment config section.
-AUGMENT_FLAGS = [
-    ("--num-copies", "num_copies", int, "N: augmented copies tried per example (paper: 20)"),
-    ("--replace-prob", "replace_prob", float, "p: probability a word is replaced (paper: 0.4)"),
-    ("--num-candidates", "num_candidates", int, "K: candidates per word (paper: 15)"),
-    ("--seed", "seed", int, "same seed, same output"),
-    ("--word-vectors", "word_vectors", str, "glove-6b-50d, a GloVe .txt/.txt.gz, word2vec .bin/.txt or gensim .kv"),
-    ("--max-vocab", "max_vocab", int, "load only the first N word vectors"),
-    ("--stopwords", "stopwords", str, "stop word file, one a line (default: NLTK English)"),
-    ("--mlm-context", "mlm_context", str, "pair (reference code) or single"),
-    ("--max-examples", "max_examples", int, "augment only the first N examples, keep the rest as they are"),
-    ("--batch-size", "batch_size", int, "masked rows per masked-LM forward"),
-    ("--num-workers", "num_workers", int, "processes, each with its own masked LM"),
-    ("--shard-size", "shard_size", int, "examples per shard written (resume granularity)"),
-]
+def augment_flags() -> list[tuple[str, str, type, str]]:
+    """Flags of the augment command: one per field of the augment config section, with the field's help."""
+    from distill.config import AugmentConfig, command_line_options
+
+    return command_line_options(AugmentConfig)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     augment.add_argument("--split", default="train", help="split of a saved DatasetDict or hub dataset (default: train)")
     augment.add_argument("--mlm", help="masked LM (hub name or folder with an MLM head); overrides mlm.model")
     augment.add_argument("--export", help="also write the result as one .jsonl, .csv or .tsv file")
-    for flag, key, kind, text in AUGMENT_FLAGS:
+    for flag, key, kind, text in augment_flags():
         augment.add_argument(flag, type=kind, help=f"{text} (augment.{key})")
     return parser.parse_args(argv)
 
@@ -177,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.update({"mlm.base_model": args.model, "mlm.corpus": args.corpus, "mlm.train.max_steps": args.max_steps})
     if args.command == "augment":
         overrides["mlm.model"] = args.mlm
-        overrides.update({f"augment.{key}": getattr(args, key) for _, key, _, _ in AUGMENT_FLAGS})
+        overrides.update({f"augment.{key}": getattr(args, key) for _, key, _, _ in augment_flags()})
     # SIGTERM stops cleanly, as Ctrl-C does (training loops finish their step and checkpoint first).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

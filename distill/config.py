@@ -22,6 +22,26 @@ class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range; the message names the field path."""
 
 
+def option(default: Any, help: str, flag: bool = True) -> Any:
+    """A config field with its help text (shown by the command line for fields that have a flag)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+def command_line_options(cls: type) -> list[tuple[str, str, type, str]]:
+    """(flag, field, type, help) for every field of config dataclass ``cls`` declared with :func:`option` and a
+    flag: ``num_copies`` becomes ``--num-copies``; ``int | None`` fields take an int."""
+    hints = typing.get_type_hints(cls)
+    options = []
+    for item in dataclasses.fields(cls):
+        if not item.metadata.get("flag"):
+            continue
+        kind = hints[item.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            kind = next(t for t in typing.get_args(kind) if t is not type(None))
+        options.append((f"--{item.name.replace('_', '-')}", item.name, kind, item.metadata["help"]))
+    return options
+
+
 def _check(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{name}: {message}")
@@ -134,22 +154,27 @@ class MLMConfig:
 
 @dataclass
 class AugmentConfig:
-    """TinyBERT data augmentation (Jiao et al., 2020, Algorithm 1)."""
+    """TinyBERT data augmentation (Jiao et al., 2020, Algorithm 1). Each field's help text is also the help of its
+    ``augment`` command-line flag (``--num-copies`` for ``num_copies``...)."""
 
-    enabled: bool = True  # False: distil on the original training set
-    num_copies: int = 20  # N: augmented copies tried per example
-    replace_prob: float = 0.4  # p_t: probability a candidate word is replaced
-    num_candidates: int = 15  # K: candidates per word (masked-LM top-K or GloVe neighbours)
-    word_vectors: str = "glove-6b-50d"  # "glove-6b-50d" (kumo package), a GloVe/word2vec text file or a KeyedVectors file
-    max_vocab: int | None = None  # load only the first N word vectors (None: all; the reference code used 100k)
-    stopwords: str | None = None  # stop word file, one a line (None: NLTK English)
-    mlm_context: str = "pair"  # "pair": [CLS] masked [SEP] original [SEP] as the reference code; "single": masked only
-    max_examples: int | None = None  # augment only the first N training examples (None: all)
-    max_rows: int | None = None  # budget: augment the first (max_rows - n) / num_copies of the n examples (None: no cap)
-    batch_size: int = 32  # masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)
-    shard_size: int = 1000  # source examples per written shard (resume granularity)
-    num_workers: int = 1  # processes, each augmenting whole shards with its own masked LM
-    seed: int = 42  # same seed, same output, whatever the batch size
+    enabled: bool = option(True, "False: distil on the original training set", flag=False)
+    num_copies: int = option(20, "N: augmented copies tried per example (paper: 20)")
+    replace_prob: float = option(0.4, "p_t: probability a candidate word is replaced (paper: 0.4)")
+    num_candidates: int = option(15, "K: candidates per word, masked-LM top-K or word-vector neighbours (paper: 15)")
+    word_vectors: str = option("glove-6b-50d", "glove-6b-50d (installed package), a GloVe .txt/.txt.gz, a word2vec "
+                               ".bin/.txt or a gensim .kv file")
+    max_vocab: int | None = option(None, "load only the first N word vectors (default: all; the reference code "
+                                   "loaded 100k)")
+    stopwords: str | None = option(None, "stop word file, one a line (default: NLTK English)")
+    mlm_context: str = option("pair", "pair: [CLS] masked [SEP] original [SEP], as the reference code; single: the "
+                              "masked text alone")
+    max_examples: int | None = option(None, "augment only the first N examples, keep the rest as they are")
+    max_rows: int | None = option(None, "budget: augment as many of the first examples as keep the set within about "
+                                  "this many rows, (max_rows - n) / num_copies")
+    batch_size: int = option(32, "masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)")
+    shard_size: int = option(1000, "source examples per shard written (resume granularity)")
+    num_workers: int = option(1, "processes, each augmenting whole shards with its own masked LM")
+    seed: int = option(42, "same seed, same output, whatever the batch size")
 
     def __post_init__(self) -> None:
         _check(self.num_copies >= 0, "num_copies", f"must be >= 0, got {self.num_copies}")

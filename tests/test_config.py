@@ -63,3 +63,17 @@ def test_set_flags_override_any_field_with_yaml_values():
         set_overrides(["student.init"])
     with pytest.raises(ConfigError, match="student.init.x: init is not a section"):
         load_config(ROOT / "configs" / "sst2_minilm.yaml", {"student.init.x": 1})
+
+
+def test_augment_flags_come_from_the_config_fields_and_their_help():
+    import dataclasses
+
+    import run_distill
+    from distill.config import AugmentConfig
+
+    flags = {key: (flag, kind, text) for flag, key, kind, text in run_distill.augment_flags()}
+    assert set(flags) == {f.name for f in dataclasses.fields(AugmentConfig)} - {"enabled"}
+    assert flags["num_copies"][:2] == ("--num-copies", int) and flags["max_vocab"][1] is int
+    assert flags["replace_prob"][1] is float and "p_t" in flags["replace_prob"][2]
+    args = run_distill.parse_args(["augment", "--mlm", "m", "--max-rows", "900", "--output-dir", "o"])
+    assert args.max_rows == 900
