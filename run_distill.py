@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pipeline.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
                           "`distill --stage general` (overrides student.model)")
+    pipeline.add_argument("--push-to-hub", metavar="REPO", help="upload the student folder with its model card to "
+                          "this hub repository (overrides export.push_to_hub; needs a token: huggingface-cli login)")
 
     distill = commands.add_parser("distill", help="general distillation on a text corpus (--stage general), or task "
                                   "distillation (--stage task: the pipeline)")
@@ -99,6 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bench.add_argument("--student", action="append", required=True, help="student checkpoint folder or pipeline "
                        "output folder (repeat for several)")
     bench.add_argument("--no-compress", action="store_true", help="skip the int8 / ONNX rows")
+
+    export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32, int8) checked on the "
+                                 "dev set, and its model card")
+    _common(export)
+    export.add_argument("--student", required=True, help="student checkpoint folder, or a pipeline output folder")
+    export.add_argument("--int8", action="store_true", help="also write model_quantized.onnx (int8 weights)")
 
     mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
     mlm.add_argument("--config", help="YAML config whose mlm section is used")
@@ -151,15 +159,18 @@ def _join_process_group() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _join_process_group()
-    defaults = {"pipeline": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG, "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG}
+    defaults = {"pipeline": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG, "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG,
+                "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
     if args.command == "benchmark" and args.no_compress:
         overrides["benchmark.compress"] = []
-    if args.command in ("pipeline", "augment", "distill", "benchmark", "sweep"):
+    if args.command in ("pipeline", "augment", "distill", "benchmark", "sweep", "export"):
         overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
     if args.command == "pipeline" or (args.command == "distill" and args.stage == "task"):
         overrides.update({"teacher.model": args.teacher, "student.model": args.student})
+    if args.command == "pipeline":
+        overrides["export.push_to_hub"] = args.push_to_hub
     if args.command == "distill" and args.stage == "general":
         overrides.update({"general.teacher": args.teacher, "general.corpus": args.corpus,
                           "general.train.max_steps": args.max_steps, "general.streaming": args.streaming})
@@ -222,11 +233,18 @@ def KnownErrors() -> tuple[type[Exception], ...]:
     return ConfigError, DataError, ModelError, CheckpointError, VectorsError, CaptureError, NonFiniteLossError
 
 
+def _command_line() -> str:
+    """The command as typed, for model cards (flags and values quoted as a shell would need them)."""
+    import shlex
+
+    return " ".join(["python", "run_distill.py", *[shlex.quote(a) for a in sys.argv[1:]]])
+
+
 def run_pipeline_command(config, args) -> int:
     from distill.pipeline import run_pipeline
 
     start = time.perf_counter()
-    report = run_pipeline(config)
+    report = run_pipeline(config, command=_command_line())
     out = Path(config.output_dir)
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"done in {time.perf_counter() - start:.0f} s; student: {out / 'student'}; report: {out / 'report.md'}")
@@ -287,6 +305,30 @@ def run_benchmark_command(config, args) -> int:
     return 0
 
 
+def run_export_command(config, args) -> int:
+    from distill.benchmark import resolve_model_folder
+    from distill.data import load_task_data, task_spec
+    from distill.export import ONNX_FOLDER, export_student
+
+    try:
+        folder, _ = resolve_model_folder(Path(args.student), "student")
+    except FileNotFoundError as error:
+        from distill.data import DataError
+
+        raise DataError(str(error)) from None
+    spec = task_spec(config.task)
+    record = export_student(folder, spec, load_task_data(config.task, spec)["dev"], config.task.max_seq_length,
+                            int8=args.int8)
+    from distill.card import record_export
+
+    record_export(folder, spec, record)
+    for name, info in record["files"].items():
+        print(f"{folder / ONNX_FOLDER / name}: {info['size_mb']:.1f} MB, max |logit difference| "
+              f"{info['max_abs_logit_difference']:.2e}, same prediction {100 * info['same_prediction']:.1f}%, dev "
+              f"{info['dev']}")
+    return 0
+
+
 def run_adapt_mlm_command(config, args) -> int:
     from distill.config import fingerprint
     from distill.checkpoint import stage_done
@@ -314,7 +356,7 @@ def run_augment_command(config, args) -> int:
 
 
 COMMANDS = {"pipeline": run_pipeline_command, "distill": run_distill_command, "benchmark": run_benchmark_command,
-            "sweep": run_sweep_command,
+            "sweep": run_sweep_command, "export": run_export_command,
             "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
 
 if __name__ == "__main__":

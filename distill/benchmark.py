@@ -37,7 +37,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -48,101 +47,19 @@ from distill.config import BenchmarkConfig
 from distill.data import TaskSpec, tokenize
 from distill.device import is_accelerator, run_device, synchronize
 from distill.evaluate import compute_metrics, predict
+from distill.export import (
+    FILES,
+    ONNX_FOLDER,
+    OnnxClassifier,
+    export_onnx,
+    input_names,
+    quantize_onnx,
+    quantize_torch,
+    reusable_export,
+)
 from distill.report import count_parameters, size_mb
 
 logger = logging.getLogger(__name__)
-
-
-class OnnxClassifier:
-    """An ONNX Runtime session with the calling convention of a `transformers` classifier, so that evaluation and
-    timing treat it like any model: ``model(**inputs).logits`` is a (B, C) float tensor.
-
-    Args:
-        path: an ``.onnx`` file with inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids``) of shape
-            (B, T) int64, and output ``logits``.
-        num_threads: ONNX Runtime intra-op threads (None: its default, all cores).
-    """
-
-    def __init__(self, path: str | Path, num_threads: int | None = None):
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        # ONNX Runtime's worker threads spin after a run by default; interleaved with PyTorch rows they steal the
-        # cores PyTorch runs on (measured here: a PyTorch forward of 18 ms took 43 ms right after an ONNX one).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if num_threads:
-            options.intra_op_num_threads = num_threads
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.input_names = [i.name for i in self.session.get_inputs()]
-
-    def __call__(self, **inputs: torch.Tensor) -> SimpleNamespace:
-        feed = {}
-        for name in self.input_names:
-            value = inputs.get(name)
-            if value is None:  # e.g. token_type_ids that the batch leaves out: BERT's default is all zeros
-                value = torch.zeros_like(inputs["input_ids"])
-            feed[name] = value.cpu().numpy().astype(np.int64)
-        (logits,) = self.session.run(["logits"], feed)
-        return SimpleNamespace(logits=torch.from_numpy(logits))
-
-    def eval(self) -> "OnnxClassifier":
-        return self
-
-    def to(self, device) -> "OnnxClassifier":
-        return self
-
-
-def _input_names(model: torch.nn.Module) -> list[str]:
-    names = ["input_ids", "attention_mask"]
-    return names + ["token_type_ids"] if getattr(model.config, "type_vocab_size", 0) > 1 else names
-
-
-def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
-    """Export a classifier to ONNX with dynamic batch size and length; returns the largest absolute difference of
-    its logits from PyTorch's on a probe batch (a check that the graph is the model).
-
-    Raises:
-        RuntimeError: the exported graph's logits differ from the model's by more than 1e-3.
-    """
-    model = model.eval()
-    names = _input_names(model)
-    probe = {name: torch.ones(2, 16, dtype=torch.long) for name in names}
-    probe["input_ids"] = torch.randint(1000 if model.config.vocab_size > 2000 else 1, model.config.vocab_size, (2, 16),
-                                       generator=torch.Generator().manual_seed(0))
-    if "token_type_ids" in probe:
-        probe["token_type_ids"].zero_()
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    length = torch.export.Dim("length", min=2, max=max_length)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names, output_names=["logits"],
-                      dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
-                      external_data=False, verbose=False)
-    with torch.no_grad():
-        expected = model(**probe).logits.numpy()
-    difference = float(np.abs(OnnxClassifier(path)(**probe).logits.numpy() - expected).max())
-    if difference > 1e-3:
-        raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
-    return difference
-
-
-def quantize_onnx(source: Path, target: Path) -> None:
-    """ONNX Runtime dynamic quantization: int8 weights (``QuantType.QInt8``)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(max(level, logging.ERROR))  # it logs advice on pre-processing through the root logger
-    try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
-    finally:
-        root.setLevel(level)
-
-
-def quantize_torch(model: torch.nn.Module) -> torch.nn.Module:
-    """PyTorch dynamic int8 quantization of every ``nn.Linear`` (a copy; the model is unchanged)."""
-    from torch.ao.quantization import quantize_dynamic
-
-    return quantize_dynamic(copy.deepcopy(model).eval(), {torch.nn.Linear}, dtype=torch.qint8)
 
 
 @dataclass
@@ -179,18 +96,23 @@ def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(quantized.state_dict(), path)
         rows.append(Row(f"{name} (int8)", name, "int8", quantized, path, path.stat().st_size / 1e6, parameters, init))
-    if {"onnx", "onnx-int8"} & set(config.compress):
-        path = work / f"{name}.onnx"
-        difference = export_onnx(model, path, max_length)
-        logger.info("%s: exported to %s (max |logit difference| %.1e)", name, path, difference)
-        if "onnx" in config.compress:
-            rows.append(Row(f"{name} (onnx)", name, "onnx", OnnxClassifier(path, config.num_threads), path,
+    wanted = [variant for variant in ("onnx", "onnx-int8") if variant in config.compress]
+    if wanted:
+        record = reusable_export(folder)
+        if record is not None and all(FILES[v] in record["files"] and record["max_seq_length"] >= max_length
+                                      for v in wanted):
+            paths = {v: folder / ONNX_FOLDER / FILES[v] for v in wanted}  # the student's own deployable files
+            logger.info("%s: timing the exported files in %s", name, folder / ONNX_FOLDER)
+        else:
+            paths = {"onnx": work / f"{name}.onnx", "onnx-int8": work / f"{name}.int8.onnx"}
+            difference = export_onnx(model, paths["onnx"], max_length)
+            logger.info("%s: exported to %s (max |logit difference| %.1e)", name, paths["onnx"], difference)
+            if "onnx-int8" in wanted:
+                quantize_onnx(paths["onnx"], paths["onnx-int8"])
+        for variant in wanted:
+            path = paths[variant]
+            rows.append(Row(f"{name} ({variant})", name, variant, OnnxClassifier(path, config.num_threads), path,
                             path.stat().st_size / 1e6, parameters, init))
-        if "onnx-int8" in config.compress:
-            quantized_path = work / f"{name}.int8.onnx"
-            quantize_onnx(path, quantized_path)
-            rows.append(Row(f"{name} (onnx-int8)", name, "onnx-int8", OnnxClassifier(quantized_path, config.num_threads),
-                            quantized_path, quantized_path.stat().st_size / 1e6, parameters, init))
     return rows
 
 
@@ -365,7 +287,7 @@ def run_benchmark(
         row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer, device=row.device), labels)
         logger.info("%s: %s", row.name, row.results["dev"])
     reference = rows[0].model
-    names = _input_names(reference)
+    names = input_names(reference)
     timing = time_rows(rows, config, reference.config.vocab_size, names)
     largest = f"b{max(config.batch_sizes)}_t{max(config.seq_lengths)}"
     sources = {row.model_name: row.artefact for row in rows if row.variant == "pytorch"}

@@ -327,6 +327,16 @@ class BenchmarkConfig:
 
 
 @dataclass
+class ExportConfig:
+    """What the pipeline leaves in the student folder besides the checkpoint: ONNX files, a model card, an upload."""
+
+    onnx: bool = True  # write student/onnx/model.onnx, checked against the PyTorch logits on the dev set
+    int8: bool = True  # ... and model_quantized.onnx (ONNX Runtime dynamic quantization, int8 weights)
+    push_to_hub: str | None = None  # upload the student folder with its card to this hub repository (needs a token)
+    license: str = "apache-2.0"  # the card's license (the teacher's and data's terms still apply)
+
+
+@dataclass
 class SweepEntry:
     """One student of a sweep: its name (folder under students/), shape and initialisation, optional layer map."""
 
@@ -353,6 +363,7 @@ class PipelineConfig:
     general: GeneralConfig = field(default_factory=GeneralConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     sweep: list[SweepEntry] = field(default_factory=list)  # students of `run_distill.py sweep`
 
 

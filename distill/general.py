@@ -25,6 +25,7 @@ from accelerate import PartialState
 from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
 
+from distill.card import encoder_card
 from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
@@ -146,6 +147,14 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         student.save_pretrained(out)
         tokenizer.save_pretrained(out)
         save_projections(objective, out)
+        recipe = [f"student: {student_shape(config.student)}, init {config.student.init}",
+                  f"layer map (student 0..M -> teacher): {[0, *layer_map]}",
+                  f"losses: {intermediate_terms(config.weights)} (embedding, hidden states, attention scores)",
+                  f"{state.step} steps of batch {config.train.batch_size} x {config.max_seq_length} tokens, lr "
+                  f"{config.train.learning_rate:g}"]
+        encoder_card(name=out.name, teacher=config.teacher, corpus=config.corpus, recipe=recipe,
+                     command=f"python run_distill.py distill --stage general --teacher {config.teacher} --corpus "
+                             f"{' '.join(config.corpus)} --max-steps {state.step}").save(out / "README.md")
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     processes.wait_for_everyone()
     log = [json.loads(line) for line in (out / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]

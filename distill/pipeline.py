@@ -15,6 +15,7 @@ Layout: ``teacher/`` (HF checkpoint), ``mlm/`` (HF masked LM), ``augmented/`` (d
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -33,12 +34,14 @@ from augment import (
     load_stopwords,
 )
 from distill.capture import CaptureError, capture_support
+from distill.card import push_to_hub, student_card
 from distill.checkpoint import finished_or_superseded, mark_stage_done, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, to_dict
 from distill.corpus import corpus_sources
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
+from distill.export import export_student
 from distill.general import (
     PROJECTIONS_FILE,
     cache_folder,
@@ -52,6 +55,7 @@ from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
 from distill.stages import STAGES, ConfigView
+from distill.terms import LOSS_TERMS
 from distill.trainer import train
 from students import build_student, student_family, student_shape
 from teachers import (
@@ -146,6 +150,7 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
         ``<out>/general.json``.
     """
     if not config.general.enabled or config.student.model is not None:
+        write_json_atomic(out / "general.json", {"run_id": "none", "folder": None})
         return {"run_id": "none", "folder": None}
     general = general_config(config)
     run_id, _ = general_run_id(general)
@@ -332,6 +337,56 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
     return report
 
 
+def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int) -> list[str]:
+    """How a student was made, in words for its model card."""
+    teacher = config.teacher
+    made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
+            f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
+            + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
+    dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
+    weights = {name: config.distill.weights.get(name, 1.0) for name in LOSS_TERMS}
+    augment = config.augment
+    lines = [f"teacher: {made}; dev {dev}",
+             (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
+              f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows"),
+             (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
+              f", {general['steps']} steps" if general["folder"] else f"start: {describe_init(config.student, config.distill.layer_map)}"),
+             f"student: {student_shape(config.student) if config.student.model is None else config.student.model}",
+             f"layer map (student 0..M -> teacher): {step1.get('layer_map')}",
+             f"loss weights: {weights}; temperature {config.distill.temperature}",
+             f"intermediate step: {_budget(config.distill.intermediate)}; prediction step: "
+             f"{_budget(config.distill.prediction)}"]
+    return lines
+
+
+def _budget(train: TrainConfig) -> str:
+    steps = f"{train.max_steps} steps" if train.max_steps else f"{train.num_epochs:g} epoch(s)" + (
+        f", at least {train.min_steps} steps" if train.min_steps else "")
+    return f"{steps}, batch {train.batch_size}, lr {train.learning_rate:g}"
+
+
+def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, report: dict,
+                  recipe: list[str], command: str) -> None:
+    """What ships with the student: ONNX files checked on the dev set (``export.onnx``), the model card
+    (``student/README.md``) and, with ``export.push_to_hub``, the upload."""
+    folder = out / "student"
+    export = (export_student(folder, spec, data["dev"], config.task.max_seq_length, config.export.int8)
+              if config.export.onnx else None)
+    rows = []
+    for name, entry in report["models"].items():
+        label = f"teacher (`{config.teacher.model or config.teacher.base_model}`, fine-tuned)" if name == "teacher" else "student"
+        rows.append({"name": label, "dev": entry["dev"], "num_parameters": entry["num_parameters"],
+                     "size_mb": entry["size_mb"], "faster_by": entry["ratios"]["faster_by"],
+                     "retained": entry["ratios"]["metric_retained"],
+                     "latency_ms": {k: v["median"] for k, v in entry["latency_ms"].items()}})
+    card = student_card(name=f"{Path(config.output_dir).name}-student", spec=spec,
+                        teacher=config.teacher.model or config.teacher.base_model, rows=rows, recipe=recipe,
+                        command=command, export=export, license=config.export.license)
+    card.save(folder / "README.md")
+    if config.export.push_to_hub:
+        push_to_hub(folder, config.export.push_to_hub)
+
+
 def preflight(config: PipelineConfig) -> None:
     """Check inputs of later stages before the first one runs, so a typo is not found an hour in.
 
@@ -457,20 +512,42 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         folder, init = resolve_model_folder(Path(extra), "student")
         students[Path(extra).name] = (folder, init)
     _banner("benchmark", out / "benchmark")
-    return run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
-                         config.task.max_seq_length, device=device)
+    report = run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
+                           config.task.max_seq_length, device=device)
+    rows = {row["name"]: row for row in report["rows"] if row["variant"] == "pytorch"}
+    for name, student_config in entries.items():
+        card_rows = [{"name": f"{label} (`{config.teacher.model or config.teacher.base_model}`)" if label == "teacher"
+                      else name, "dev": {m: rows[label][m] for m in spec.metrics if m in rows[label]},
+                      "num_parameters": rows[label]["num_parameters"], "size_mb": rows[label]["size_mb"],
+                      "faster_by": rows[label]["ratios"]["faster_by"], "retained": rows[label]["ratios"]["metric_retained"],
+                      "latency_ms": rows[label]["latency_ms"]} for label in ("teacher", name)]
+        step1 = json.loads((out / "students" / name / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
+        general = json.loads((out / "students" / name / "general.json").read_text(encoding="utf-8"))
+        recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data))
+        student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
+                     teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
+                     command=f"python run_distill.py sweep --config {out / 'config.json'}",
+                     license=config.export.license).save(out / "students" / name / "student" / "README.md")
+    return report
 
 
-def run_pipeline(config: PipelineConfig, device: torch.device | None = None) -> dict:
+def run_pipeline(config: PipelineConfig, device: torch.device | None = None, command: str | None = None) -> dict:
     """Run every stage of the main job (skipping finished ones) and return the report.
 
     Args:
         config: the job.
         device: where every stage computes (None: :func:`distill.device.run_device`, accelerate's choice).
+        command: the command line that started it, for the model card (None: the one that reruns the saved config).
     """
     preflight(config)
     device = device if device is not None else run_device()
     logger.info("device: %s", device)
     out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out, device=device)
-    return report_stage(config, teacher_record, student_record, out, device=device)
+    report = report_stage(config, teacher_record, student_record, out, device=device)
+    general = json.loads((out / "general.json").read_text(encoding="utf-8"))
+    step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
+    recipe = recipe_lines(config, teacher_record, general, step1, len(train_data))
+    publish_stage(config, spec, data, out, report, recipe,
+                  command or f"python run_distill.py pipeline --config {out / 'config.json'}")
+    return report

@@ -91,5 +91,6 @@ def mpnet_path() -> str:
     return str(target)
 
 
-# Names that stand for assets installed as Python packages (usable offline).
+# Names that stand for assets installed as Python packages (usable offline), and the hub ids of those models.
 ASSETS = {"minilm": minilm_path, "mpnet": mpnet_path}
+HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}

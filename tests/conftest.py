@@ -119,6 +119,7 @@ def tiny_job(tmp_path, teacher_model, tokenizer, **sections) -> str:
         "distill": {"intermediate": steps, "prediction": steps},
         "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
         "general": {"enabled": False},
+        "export": {"onnx": False},
     }
     for key, value in sections.items():
         config[key] = {**config.get(key, {}), **value}
@@ -148,5 +149,6 @@ def tiny_job_every_stage(tmp_path, tokenizer) -> str:
                     augment={"enabled": True, "num_copies": 2, "max_examples": 4, "word_vectors": str(vectors),
                              "shard_size": 2},
                     general={"enabled": True, "cache_dir": str(tmp_path / "cache"), "corpus": [str(corpus)],
-                             "max_seq_length": 16, "train": steps})
+                             "max_seq_length": 16, "train": steps},
+                    export={"onnx": True})
     return path

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import BertTokenizer
 
-from distill.benchmark import OnnxClassifier, pareto_front, quantize_torch, run_benchmark
+from distill.benchmark import pareto_front, run_benchmark
+from distill.export import OnnxClassifier, quantize_torch
 from distill.config import BenchmarkConfig
 from distill.data import get_task
 from tests.conftest import SPECIAL, WORDS, tiny_bert

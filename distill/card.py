@@ -1,0 +1,155 @@
+"""Model cards for the students the pipeline, the sweep and general distillation write, and the upload to the hub.
+
+A card is the ``README.md`` of a model folder, as the Hugging Face hub reads it: YAML metadata (license, base model =
+the teacher, datasets, tags, ``model-index`` with the dev results) made with ``huggingface_hub``'s
+:class:`~huggingface_hub.ModelCardData`, then the report table (teacher against student), the recipe, the command that
+made it, the deployable files and how to load it. ``ModelCard.load`` reads it back.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from distill.data import TaskSpec
+from teachers.assets import HUB_IDS
+
+logger = logging.getLogger(__name__)
+
+TAGS = ["distillation", "knowledge-distillation", "tinybert", "tinydistill"]
+# Files of a stage folder that are the run's working state, not the model: not uploaded.
+NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", "stage.json", "log.jsonl", "best/*"]
+
+
+def hub_id(name: str | None) -> str | None:
+    """The hub id of a model name: installed assets map to theirs, a local folder has none, a hub name is itself."""
+    if name is None:
+        return None
+    if name in HUB_IDS:
+        return HUB_IDS[name]
+    return None if Path(name).exists() else name
+
+
+def _eval_results(spec: TaskSpec, dev: dict, model_name: str) -> list[EvalResult]:
+    dataset = "nyu-mll/glue" if spec.hub else None
+    return [EvalResult(task_type="text-classification" if not spec.is_regression else "text-regression",
+                       dataset_type=dataset or spec.name, dataset_name=f"{spec.name} (dev)",
+                       dataset_config=spec.name if spec.hub else None, dataset_split="validation",
+                       metric_type=name, metric_value=round(float(value), 4))
+            for name, value in dev.items()]
+
+
+def _table(rows: list[dict], metric_names: list[str]) -> str:
+    keys = list(dict.fromkeys(k for row in rows for k in row.get("latency_ms", {})))  # e.g. batch_1, batch_32
+    header = ["model", *metric_names, "parameters", "size (MB)", *[f"latency {k.replace('_', ' ')} (ms)" for k in keys],
+              "faster by", "retained"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        latency = row.get("latency_ms", {})
+        cells = [row["name"], *[f"{row['dev'][m]:.4f}" if m in row["dev"] else "-" for m in metric_names],
+                 f"{row['num_parameters'] / 1e6:.1f}M" if row.get("num_parameters") else "-",
+                 f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
+                 *[f"{latency[k]:.1f}" if k in latency else "-" for k in keys],
+                 f"{row['faster_by']:.2f}x" if row.get("faster_by") else "-",
+                 f"{100 * row['retained']:.1f}%" if row.get("retained") else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[dict], recipe: list[str],
+                 command: str, export: dict | None = None, license: str = "apache-2.0") -> ModelCard:
+    """The card of a task-distilled student.
+
+    Args:
+        name: the model's name (the card's title and ``model-index`` name).
+        spec: the task; its dev metrics are the ``model-index`` results.
+        teacher: the teacher's name (hub id, asset name or folder): the base model when it has a hub id.
+        rows: table rows, teacher first then the student: ``name``, ``dev`` (metric -> value), and optionally
+            ``num_parameters``, ``size_mb``, ``latency_ms`` ({"batch_1": ms, ...}), ``faster_by``, ``retained``.
+        recipe: lines saying how it was made (stages, layer map, losses, augmentation, steps).
+        command: the command that made it.
+        export: the ``onnx/export.json`` record, when the folder has ONNX files.
+    """
+    student = rows[-1]
+    data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
+                         pipeline_tag="text-classification", base_model=hub_id(teacher),
+                         datasets=["nyu-mll/glue"] if spec.hub else None, model_name=name,
+                         eval_results=_eval_results(spec, student["dev"], name))
+    metric_names = list(student["dev"])
+    sections = [
+        f"# {name}",
+        f"A student distilled with tinydistill (TinyBERT-style knowledge distillation, Jiao et al., 2020) from the "
+        f"teacher `{teacher}` on {spec.name}. It is a plain `transformers` checkpoint.",
+        "## Results (dev set)",
+        _table(rows, metric_names),
+        "Latency on the CPU of the machine that made it, median of repeated runs (see report.md of the run).",
+        "## How it was made",
+        "\n".join(f"- {line}" for line in recipe),
+        f"Command:\n\n```bash\n{command}\n```",
+    ]
+    if export:
+        sections.append(_export_section(export))
+    sections += ["## Use", "```python\nfrom transformers import pipeline\n\nclassify = pipeline(\"text-classification\", "
+                           "model=\"PATH_OR_REPO\")\nprint(classify(\"a charming and often affecting journey\"))\n```"]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def _export_section(export: dict) -> str:
+    lines = [f"- `onnx/{file}`: {info['size_mb']:.1f} MB, largest |logit difference| from PyTorch on the dev set "
+             f"{info['max_abs_logit_difference']:.2e}, same prediction for {100 * info['same_prediction']:.1f}% "
+             f"of dev examples, dev {', '.join(f'{k} {v:.4f}' for k, v in info['dev'].items())}"
+             for file, info in export["files"].items()]
+    return ("## Deployable files\n\n" + "\n".join(lines) + "\n\nThe `onnx/` folder holds the config and tokenizer "
+            "beside the graphs (ONNX Runtime, CPU).")
+
+
+def record_export(folder: Path, spec: TaskSpec, export: dict) -> None:
+    """Put an export's files and checks into the card of ``folder``: its "Deployable files" section is replaced (or
+    added before "Use"); a folder without a card gets a short one with the dev results."""
+    path = folder / "README.md"
+    if not path.is_file():
+        rows = [{"name": "student (PyTorch)", "dev": export["pytorch"]["dev"]}]
+        card = student_card(name=folder.name, spec=spec, teacher=None, rows=rows, recipe=["see the run that made it"],
+                            command="python run_distill.py export --student " + str(folder), export=export)
+        card.save(path)
+        return
+    text = path.read_text(encoding="utf-8")
+    section = _export_section(export)
+    if "## Deployable files" in text:
+        head, rest = text.split("## Deployable files", 1)
+        tail = rest[rest.index("\n## "):] if "\n## " in rest else "\n"
+        text = head + section + "\n" + tail
+    elif "## Use" in text:
+        text = text.replace("## Use", section + "\n\n## Use", 1)
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def encoder_card(*, name: str, teacher: str, corpus: list[str], recipe: list[str], command: str,
+                 license: str = "apache-2.0") -> ModelCard:
+    """The card of a general-distilled student encoder (no task, no metrics: a start for task distillation)."""
+    data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
+                         base_model=hub_id(teacher), model_name=name)
+    sections = [f"# {name}",
+                f"A student encoder made by general distillation (TinyBERT §3.4) of `{teacher}` on unlabelled text "
+                f"({', '.join(Path(c).name for c in corpus)}); it has no task head. Distil it on a task with "
+                "`python run_distill.py pipeline --student THIS_FOLDER`.",
+                "## How it was made", "\n".join(f"- {line}" for line in recipe),
+                f"Command:\n\n```bash\n{command}\n```"]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def push_to_hub(folder: Path, repo_id: str, token: str | None = None) -> str:
+    """Upload a model folder (weights, tokenizer, card, ``onnx/``) to a hub repository, created if needed; the run's
+    working files (checkpoints, logs, stage markers) stay behind. Returns the repository's URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    url = api.create_repo(repo_id, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=str(folder), ignore_patterns=NOT_UPLOADED,
+                      commit_message="Upload a student distilled with tinydistill")
+    logger.info("uploaded %s to %s", folder, url)
+    return str(url)
