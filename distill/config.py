@@ -168,6 +168,8 @@ class AugmentConfig:
     stopwords: str | None = option(None, "stop word file, one a line (default: NLTK English)")
     mlm_context: str = option("pair", "pair: [CLS] masked [SEP] original [SEP], as the reference code; single: the "
                               "masked text alone")
+    pair_copies: str = option("both", "pair tasks: both, each copy changes both texts; one, each copy changes one of "
+                              "them, alternately the first and the second (as the reference code's copies do)")
     max_examples: int | None = option(None, "augment only the first N examples, keep the rest as they are")
     max_rows: int | None = option(None, "budget: augment as many of the first examples as keep the set within about "
                                   "this many rows, (max_rows - n) / num_copies")
@@ -185,6 +187,7 @@ class AugmentConfig:
         _check(self.shard_size > 0, "shard_size", f"must be > 0, got {self.shard_size}")
         _check(self.num_workers > 0, "num_workers", f"must be > 0, got {self.num_workers}")
         _check(self.max_rows is None or self.max_rows > 0, "max_rows", f"must be > 0, got {self.max_rows}")
+        _check(self.pair_copies in ("both", "one"), "pair_copies", f"must be both or one, got {self.pair_copies!r}")
 
 
 @dataclass

@@ -264,3 +264,18 @@ def test_max_rows_augments_a_small_task_in_full_and_a_large_one_in_part():
     assert examples_to_augment(67_349, config) == 0  # more examples than the budget: kept as they are
     assert examples_to_augment(3_668, AugmentConfig(num_copies=20, max_rows=40_000, max_examples=500)) == 500
     assert examples_to_augment(3_668, AugmentConfig(num_copies=20)) == 3_668
+
+
+def test_pair_copies_one_changes_one_text_of_a_pair_per_copy():
+    from augment.dataset import augment_examples
+    from tests.conftest import tiny_generator
+
+    example = {"sentence1": "the movie was good", "sentence2": "a wonderful film", "label": 1}
+    both = augment_examples([example], [0], ("sentence1", "sentence2"), tiny_generator(),
+                            AugmentConfig(num_copies=8, replace_prob=1.0, seed=3))
+    one = augment_examples([example], [0], ("sentence1", "sentence2"), tiny_generator(),
+                           AugmentConfig(num_copies=8, replace_prob=1.0, seed=3, pair_copies="one"))
+    assert any(r["sentence1"] != example["sentence1"] and r["sentence2"] != example["sentence2"] for r in both[1:])
+    changed = [(r["sentence1"] != example["sentence1"], r["sentence2"] != example["sentence2"]) for r in one[1:]]
+    assert changed and all(a != b for a, b in changed)  # exactly one text changed in every copy
+    assert {a for a, _ in changed} == {True, False}  # the first text in some copies, the second in others
