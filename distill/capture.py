@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -83,6 +83,31 @@ class ScoresAttention(torch.autograd.Function):
         return grad_query, grad_key, grad_value, None, None, None
 
 
+class QKVSink:
+    """Keeps the query, key and value projections of chosen layers during one forward pass (the MiniLMv2 relation
+    loss reads them). Attention modules append to it in call order, which is layer order in an encoder (ALBERT's
+    shared module is called once per layer too).
+
+    Args:
+        layers: 0-based indices of the layers to keep.
+    """
+
+    def __init__(self, layers: list[int]):
+        self.layers = set(layers)
+        self.calls, self.kept = 0, {}
+
+    def add(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Record one layer's (B, A, T, d) query, key and value (scaling not applied)."""
+        if self.calls in self.layers:
+            self.kept[self.calls] = (query, key, value)
+        self.calls += 1
+
+    def take(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The kept layers' (query, key, value), each reshaped to (B, T, A·d); the sink is emptied."""
+        kept, self.kept, self.calls = self.kept, {}, 0
+        return {i: tuple(t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1) for t in qkv) for i, qkv in kept.items()}
+
+
 def attention_with_scores(
     module: nn.Module,
     query: torch.Tensor,
@@ -109,6 +134,9 @@ def attention_with_scores(
         equal `transformers`' eager attention up to float rounding.
     """
     mode = getattr(module, "capture_mode", "eager")
+    sink = getattr(module, "qkv_sink", None)
+    if sink is not None:
+        sink.add(query, key, value)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     if mode in ("off", "fused"):  # the fused SDPA kernel for the output
@@ -186,7 +214,8 @@ def capture_support(config, role: str = "model") -> str | None:
             f"a teacher. {LOGIT_ONLY_HINT}")
 
 
-def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False) -> nn.Module:
+def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False,
+                         qkv_layers: list[int] | None = None) -> nn.Module:
     """Switch ``model`` to the score-returning attention; ``output_attentions=True`` then gives pre-softmax scores.
 
     Args:
@@ -197,6 +226,8 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
             running eager attention. Faster for a frozen teacher; outputs equal eager attention up to float
             rounding. The student keeps eager attention (``fused=False``): :class:`ScoresAttention`, whose backward
             also takes the attention loss's gradient.
+        qkv_layers: 0-based indices of the layers whose query, key and value projections :func:`run_model` returns
+            (``ModelOutputs.qkv``, for the MiniLMv2 relation loss); None or empty: none.
 
     The setting is not saved by ``save_pretrained``: a saved model loads with its default attention.
 
@@ -212,7 +243,7 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
         previous = getattr(model, "score_hooks", None)
         if previous is not None:
             previous.remove()
-        model.score_hooks = HookedScores(model, captured)
+        model.score_hooks = HookedScores(model, captured, qkv_layers or [])
         model.captured_layers = captured
         return model
     try:
@@ -226,10 +257,13 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
         ) from error
     num_layers = model.config.num_hidden_layers
     captured = list(range(num_layers)) if layers is None else sorted(set(layers))
+    sink = QKVSink(qkv_layers) if qkv_layers else None
     for module in model.modules():
         if isinstance(getattr(module, "layer_idx", None), int):
             module.capture_mode = ("fused" if fused else "eager") if module.layer_idx in captured else "off"
+            module.qkv_sink = sink
     model.captured_layers = captured
+    model.qkv_sink = sink
     return model
 
 
@@ -246,19 +280,21 @@ class HookedScores:
     Args:
         model: an MPNet model (classifier or bare encoder).
         layers: 0-based indices of the layers whose scores are kept.
+        qkv_layers: 0-based indices of the layers whose query, key and value projections are kept (B, T, H).
     """
 
-    def __init__(self, model: nn.Module, layers: list[int]):
-        self.layers = list(layers)
+    def __init__(self, model: nn.Module, layers: list[int], qkv_layers: list[int] = ()):
+        self.layers, self.qkv_layers = list(layers), set(qkv_layers)
         self.num_layers = model.config.num_hidden_layers
         self.active = False
         self.scores: dict[int, torch.Tensor] = {}
+        self.qkv: dict[int, tuple[torch.Tensor, ...]] = {}
         self._projections: dict[tuple[int, str], torch.Tensor] = {}
         self.handles = []
         encoder_layers = model.base_model.encoder.layer
-        for index in self.layers:
+        for index in sorted(set(self.layers) | self.qkv_layers):
             attention = encoder_layers[index].attention.attn
-            for name in ("q", "k"):
+            for name in ("q", "k", "v"):
                 self.handles.append(getattr(attention, name).register_forward_hook(self._keep(index, name)))
             self.handles.append(attention.register_forward_hook(self._scores(index, attention), with_kwargs=True))
 
@@ -276,6 +312,11 @@ class HookedScores:
                 return
             query = self._projections.pop((index, "q"))
             key = self._projections.pop((index, "k"))
+            value = self._projections.pop((index, "v"))
+            if index in self.qkv_layers:
+                self.qkv[index] = (query, key, value)
+            if index not in self.layers:
+                return
             shape = (*query.shape[:-1], -1, head_size)
             query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
             scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(head_size)
@@ -288,7 +329,7 @@ class HookedScores:
     @contextmanager
     def recording(self, enabled: bool = True):
         """Keep the scores of the forward passes run inside (when ``enabled``)."""
-        self.active, self.scores = enabled, {}
+        self.active, self.scores, self.qkv = enabled, {}, {}
         try:
             yield self
         finally:
@@ -299,6 +340,11 @@ class HookedScores:
         """L entries: the captured layers' scores (B, A, T, T), None for the others."""
         scores, self.scores = self.scores, {}
         return tuple(scores.get(i) for i in range(self.num_layers))
+
+    def take_qkv(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The kept layers' (query, key, value) projections, (B, T, H) each."""
+        qkv, self.qkv = self.qkv, {}
+        return qkv
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -315,12 +361,14 @@ class ModelOutputs:
         hidden_states: L+1 tensors (B, T, H); index 0 is the embedding output.
         attentions: L entries, (B, A, T, T) pre-softmax scores QKᵀ/√d of each captured layer, None for the others.
         attention_mask: (B, T), 1 for real tokens, 0 for padding.
+        qkv: {0-based layer: (query, key, value)}, each (B, T, H), for the layers asked for with ``qkv_layers``.
     """
 
     logits: torch.Tensor | None
     hidden_states: tuple[torch.Tensor, ...]
     attentions: tuple[torch.Tensor, ...]
     attention_mask: torch.Tensor
+    qkv: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -337,13 +385,15 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
         inputs.pop("token_type_ids")  # RoBERTa-style models have a single token type
     hooks = getattr(model, "score_hooks", None)
     if hooks is not None:  # scores from forward hooks; the model's own attention probabilities are not needed
-        with hooks.recording(attentions):
+        with hooks.recording(attentions or bool(hooks.qkv_layers)):
             outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=False)
+            qkv = hooks.take_qkv()
         return ModelOutputs(
             logits=getattr(outputs, "logits", None),
             hidden_states=tuple(outputs.hidden_states or ()),
             attentions=hooks.collect() if attentions else (),
             attention_mask=batch["attention_mask"],
+            qkv=qkv,
         )
     outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=attentions)
     returned = tuple(outputs.attentions or ())
@@ -353,16 +403,19 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
         # as ALBERT's, cannot switch capture per layer: every layer returns scores and nothing is left out.)
         by_layer = dict(zip(captured, returned))
         returned = tuple(by_layer.get(i) for i in range(model.config.num_hidden_layers))
+    sink = getattr(model, "qkv_sink", None)
     return ModelOutputs(
         logits=getattr(outputs, "logits", None),
         hidden_states=tuple(outputs.hidden_states or ()),
         attentions=returned,
         attention_mask=batch["attention_mask"],
+        qkv=sink.take() if sink is not None else {},
     )
 
 
 @torch.no_grad()
-def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False, role: str = "model") -> None:
+def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False, role: str = "model",
+                  qkv_layers: list[int] | None = None) -> None:
     """Enable score capture on ``model`` and check it on a probe batch, once, before any training.
 
     The model runs the probe with ``attn_implementation="eager"`` (its standard output: hidden states, attention
@@ -370,9 +423,13 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
     (B, T, H), an attention map (B, A, T, T) for every captured layer whose softmax (padding masked) equals the eager
     probabilities, and the eager logits (to float rounding).
 
+    With ``qkv_layers``, each of those layers must also return its query, key and value projections (B, T, H), and
+    (for families whose attention goes through the interface) softmax of the per-head query-key products must equal
+    the eager probabilities too.
+
     Args:
         model: a `transformers` encoder (classifier or bare).
-        layers, fused: as :func:`enable_score_capture`.
+        layers, fused, qkv_layers: as :func:`enable_score_capture`.
         role: "teacher" or "student", for the message.
 
     Raises:
@@ -392,7 +449,7 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
     except (ValueError, KeyError, AttributeError):
         pass  # enable_score_capture below gives the message
     reference = model(**probe, output_hidden_states=True, output_attentions=True)
-    enable_score_capture(model, layers, fused)
+    enable_score_capture(model, layers, fused, qkv_layers)
     captured = run_model(model, probe)
     model.train(was_training)
 
@@ -421,6 +478,17 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
         if probs.shape != expected.shape or not torch.allclose(probs, expected, atol=1e-4):
             fail(f"layer {i + 1} returns attention that is not the pre-softmax scores QK^T/sqrt(d) of its eager "
                  "attention (its attention does not go through the attention interface)")
+    heads = config.num_attention_heads
+    for i in qkv_layers or []:
+        if i not in captured.qkv or any(tuple(t.shape) != (*shape, hidden) for t in captured.qkv[i]):
+            fail(f"no query, key and value projections of shape {(*shape, hidden)} for layer {i + 1}")
+        if model_type in HOOKED:
+            continue  # its scores add a position bias to QK^T: checked through the scores above
+        query, key, _ = (t.view(*shape, heads, -1).transpose(1, 2) for t in captured.qkv[i])
+        products = torch.matmul(query, key.transpose(-1, -2)) * query.shape[-1] ** -0.5
+        probs = torch.softmax(products.float().masked_fill(~mask, torch.finfo(torch.float32).min), dim=-1)
+        if not torch.allclose(probs, reference.attentions[i].float(), atol=1e-4):
+            fail(f"the query and key projections captured at layer {i + 1} do not give its attention")
     if getattr(reference, "logits", None) is not None:
         tolerance = 1e-4 if fused else 1e-5
         if not torch.allclose(captured.logits, reference.logits, atol=tolerance):

@@ -227,7 +227,8 @@ class DistillConfig:
     temperature: float = 1.0  # t in the soft cross-entropy (Eq. 10)
     temperature_squared: bool = False  # multiply the prediction loss by t^2 (Hinton et al., 2015)
     hard_label_weight: float = 0.0  # weight of cross-entropy to the gold labels in the prediction step
-    weights: dict[str, float] = field(default_factory=dict)  # per-term weights, e.g. {attention: 1.0}
+    weights: dict[str, float] = field(default_factory=dict)  # per-term weights, e.g. {attention: 1.0, relation: 1.0}
+    relation_heads: int = 12  # relation heads of the MiniLMv2 relation term (weights.relation > 0); divides both widths
     intermediate: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
     prediction: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=3e-5))
 
@@ -271,7 +272,8 @@ class GeneralConfig:
     student: StudentConfig = field(default_factory=lambda: StudentConfig(init="teacher_embeddings"))
     layer_map: str | list[int] = "uniform"  # as distill.layer_map
     share_projection: bool = False  # one W for embeddings and hidden layers (reference code) vs W_e, W_h (paper)
-    weights: dict[str, float] = field(default_factory=dict)  # per-term weights: embedding, hidden, attention
+    weights: dict[str, float] = field(default_factory=dict)  # per-term weights: embedding, hidden, attention, relation
+    relation_heads: int = 12  # relation heads of the MiniLMv2 relation term
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=1000, learning_rate=1e-4, warmup_ratio=0.1, save_steps=200)
     )

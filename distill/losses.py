@@ -216,6 +216,62 @@ def hidden_loss(
     return total / count.clamp(min=1)
 
 
+def _log_relations(states: torch.Tensor, heads: int, keep_keys: torch.Tensor) -> torch.Tensor:
+    """log softmax(X_r X_rᵀ / √d_r) of (B, T, H) states split into ``heads`` relation heads: (B, heads, T, T),
+    float32, padded keys excluded."""
+    batch, tokens, width = states.shape
+    split = states.float().view(batch, tokens, heads, width // heads).transpose(1, 2)  # (B, A_r, T, d_r)
+    products = torch.matmul(split, split.transpose(-1, -2)) * (width // heads) ** -0.5
+    products = products.masked_fill(~keep_keys, torch.finfo(torch.float32).min)
+    return torch.log_softmax(products, dim=-1)
+
+
+def relation_error(
+    student_states: torch.Tensor, teacher_states: torch.Tensor, attention_mask: torch.Tensor, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ over relation heads and real queries of KL(R_T ‖ R_S), and their count (MiniLMv2, Wang et al., 2021, Eq. 3-5).
+
+    R = softmax(X_r X_rᵀ / √d_r) relates every token to every other through one of the query, key or value
+    projections X (B, T, H) split into ``heads`` relation heads of H / heads dims each. Student and teacher need the
+    same number of relation heads, not the same width or attention heads, and no projection is learnt. Padded keys
+    are masked out of the softmax and padded queries out of the sum (our choice; MiniLMv2 does not say).
+
+    Args:
+        student_states: (B, T, H_S), any floating dtype; computed in float32.
+        teacher_states: (B, T, H_T).
+        attention_mask: (B, T), 1 for real tokens.
+        heads: A_r; must divide H_S and H_T.
+
+    Returns:
+        (Σ KL, A_r · number of real queries), both float32 scalars.
+
+    Raises:
+        ValueError: ``heads`` does not divide a width.
+    """
+    for name, states in (("student", student_states), ("teacher", teacher_states)):
+        if states.shape[-1] % heads:
+            raise ValueError(f"relation heads {heads} do not divide the {name}'s width {states.shape[-1]}; choose "
+                             "distill.relation_heads to divide both widths")
+    with torch.autocast(student_states.device.type, enabled=False):
+        valid = attention_mask.bool()
+        keep_keys = valid[:, None, None, :]
+        student = _log_relations(student_states, heads, keep_keys)
+        teacher = _log_relations(teacher_states, heads, keep_keys)
+        kl = (teacher.exp() * (teacher - student)).sum(dim=-1)  # (B, A_r, T): KL per query
+        total = (kl * valid[:, None, :]).sum()
+        count = valid.sum(dtype=torch.int64).to(torch.float32) * heads
+    return total, count
+
+
+def relation_loss(
+    student_states: torch.Tensor, teacher_states: torch.Tensor, attention_mask: torch.Tensor, heads: int
+) -> torch.Tensor:
+    """Mean KL between teacher and student self-attention relations of one projection (MiniLMv2); see
+    :func:`relation_error`. Scalar, float32."""
+    total, count = relation_error(student_states, teacher_states, attention_mask, heads)
+    return total / count.clamp(min=1)
+
+
 def soft_cross_entropy(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:

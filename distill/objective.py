@@ -89,6 +89,7 @@ class DistillationObjective(nn.Module):
             (paper). Projections exist only where h_S ≠ h_T.
         temperature, temperature_squared, hard_label_weight: see :func:`distill.losses.prediction_loss`.
         regression: the task is regression (single output); prediction uses MSE.
+        relation_heads: relation heads of the MiniLMv2 ``relation`` term (must divide both widths).
 
     Raises:
         ValueError: an unregistered term, or a layer map whose length is not the student's depth.
@@ -107,6 +108,7 @@ class DistillationObjective(nn.Module):
         temperature_squared: bool = False,
         hard_label_weight: float = 0.0,
         regression: bool = False,
+        relation_heads: int = 12,
     ):
         super().__init__()
         unknown = set(terms) - set(LOSS_TERMS)
@@ -122,15 +124,19 @@ class DistillationObjective(nn.Module):
         self.temperature_squared = temperature_squared
         self.hard_label_weight = hard_label_weight
         self.regression = regression
+        self.relation_heads = relation_heads
         self.needs_intermediate = any(LOSS_TERMS[name].step == "intermediate" for name in self.terms)
         self.needs_attentions = any(LOSS_TERMS[name].reads_attentions for name in self.terms)
+        needs_qkv = any(LOSS_TERMS[name].reads_qkv for name in self.terms)
         # Every teacher buffer the terms will read, counted: the last reader of a buffer may overwrite it.
         self.teacher_reads = Counter(read for name in self.terms for read in LOSS_TERMS[name].teacher_reads(self.layer_map))
         self.inputs_differ: dict[str, torch.Tensor] = {}
-        if self.needs_attentions:
+        if self.needs_attentions or needs_qkv:
             # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only.
-            check_capture(teacher, [g - 1 for g in self.layer_map], fused=True, role="teacher")
-            check_capture(student, role="student")
+            check_capture(teacher, [g - 1 for g in self.layer_map] if self.needs_attentions else [], fused=True,
+                          role="teacher", qkv_layers=[self.layer_map[-1] - 1] if needs_qkv else None)
+            check_capture(student, None if self.needs_attentions else [], role="student",
+                          qkv_layers=[num_student_layers - 1] if needs_qkv else None)
         elif self.needs_intermediate:  # hidden states only: still refuse models that cannot be matched layer by layer
             for role, model in (("teacher", teacher), ("student", student)):
                 if (reason := capture_support(model.config, role)) is not None:
@@ -141,7 +147,7 @@ class DistillationObjective(nn.Module):
 
     def _projections(self, student: nn.Module, teacher: nn.Module, share: bool) -> nn.ModuleDict:
         h_s, h_t = student.config.hidden_size, teacher.config.hidden_size
-        if h_s == h_t or not self.needs_intermediate:
+        if h_s == h_t or not any(LOSS_TERMS[name].uses_projection for name in self.terms):
             return nn.ModuleDict()
         if share:
             return nn.ModuleDict({"shared": nn.Linear(h_s, h_t)})
@@ -178,6 +184,7 @@ class DistillationObjective(nn.Module):
 
 
 def intermediate_terms(weights: dict[str, float]) -> dict[str, float]:
-    """The intermediate step's loss terms with their weights (default 1); terms weighted 0 are left out."""
-    terms = {name: weights.get(name, 1.0) for name in terms_of("intermediate")}
+    """The intermediate step's loss terms with their weights (default: the term's ``default_weight``, 1 for
+    TinyBERT's terms, 0 for ``relation``); terms weighted 0 are left out."""
+    terms = {name: weights.get(name, LOSS_TERMS[name].default_weight) for name in terms_of("intermediate")}
     return {name: weight for name, weight in terms.items() if weight > 0}

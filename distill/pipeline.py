@@ -209,7 +209,8 @@ def _distill_step(
 ) -> DistillationObjective:
     """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
     if name == "intermediate":
-        settings = {"share_projection": config.distill.share_projection}
+        settings = {"share_projection": config.distill.share_projection,
+                    "relation_heads": config.distill.relation_heads}
     else:
         settings = {"temperature": config.distill.temperature, "regression": spec.is_regression,
                     "temperature_squared": config.distill.temperature_squared,
@@ -448,6 +449,11 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
             f"teacher's (e.g. {', '.join(str(d) for d in range(1, teacher.num_attention_heads + 1) if not teacher.num_attention_heads % d)}), "
             "or set distill.weights.attention: 0"
         )
+    if intermediate_terms(config.distill.weights).get("relation"):
+        heads = config.distill.relation_heads
+        if hidden % heads or teacher.hidden_size % heads:
+            raise ConfigError(f"distill.relation_heads: {heads} relation heads must divide the student's width "
+                              f"({hidden}) and the teacher's ({teacher.hidden_size})")
     if config.student.model is None and config.student.init == "teacher" and hidden != teacher.hidden_size:
         raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
                           f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")

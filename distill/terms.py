@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from distill.capture import ModelOutputs
-from distill.losses import attention_error, hidden_error, prediction_loss
+from distill.losses import attention_error, hidden_error, prediction_loss, relation_error
 
 if TYPE_CHECKING:
     from distill.objective import DistillationObjective
 
-# A teacher buffer: ("hidden_states", l) for layer l (0: embeddings), ("attentions", l) for layer l's scores
-# (1-based, as the layer map), ("logits", 0).
+# A teacher buffer: ("hidden_states", l) for layer l (0: embeddings), ("attentions", l) for layer l's scores and
+# ("qkv", l) for its query/key/value projections (1-based, as the layer map), ("logits", 0).
 Read = tuple[str, int]
 
 
@@ -78,6 +78,8 @@ class TeacherOutputs:
             return logits, False  # small, and the caller may keep them: never consumed
         if kind == "hidden_states":
             tensor = self._outputs.hidden_states[layer]
+        elif kind == "qkv":
+            return self._outputs.qkv[layer - 1], False  # small, and read as three tensors: never consumed
         else:
             tensor = self._outputs.attentions[layer - 1]
         return tensor, self._remaining[(kind, layer)] == 0
@@ -98,6 +100,10 @@ class LossTerm:
         reads_attentions: the models must return attention scores for this term.
         compute: (objective, student outputs, teacher outputs, batch) -> :class:`TermValue`.
         source: where the term comes from (paper, equation).
+        default_weight: its weight when the config does not give one (0 for terms that are off by default).
+        reads_qkv: it reads the query, key and value projections of the student's last layer and of the teacher
+            layer mapped to it.
+        uses_projection: it needs the learnt projections W (h_S -> h_T) when the widths differ.
     """
 
     name: str
@@ -106,6 +112,9 @@ class LossTerm:
     reads_attentions: bool
     compute: Callable[["DistillationObjective", ModelOutputs, TeacherOutputs, dict], TermValue]
     source: str
+    default_weight: float = 1.0  # the weight when distill.weights does not name the term (0: off unless asked for)
+    reads_qkv: bool = False  # the models must return the query/key/value projections of the last mapped layer
+    uses_projection: bool = False  # it maps student states to the teacher's width with a learnt W
 
 
 def _embedding(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
@@ -135,6 +144,17 @@ def _attention(objective, student: ModelOutputs, teacher: TeacherOutputs, batch:
     return TermValue(loss, differ)
 
 
+def _relation(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
+    last = len(objective.layer_map)
+    targets, _ = teacher.take("qkv", objective.layer_map[-1])
+    mask = batch["attention_mask"]
+    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=mask.device)
+    for own, target in zip(student.qkv[last - 1], targets):  # query-query, key-key, value-value relations
+        total, count = relation_error(own, target, mask, objective.relation_heads)
+        loss, differ = loss + total / count.clamp(min=1), differ | (total > 0)
+    return TermValue(loss, differ)
+
+
 def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     target, _ = teacher.take("logits")
     loss = prediction_loss(student.logits, target, objective.temperature, objective.temperature_squared,
@@ -144,11 +164,15 @@ def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch
 
 LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (
     LossTerm("embedding", "intermediate", lambda layer_map: [("hidden_states", 0)], False, _embedding,
-             "TinyBERT (Jiao et al., 2020), Eq. 9: MSE(E_S W_e, E_T)"),
+             "TinyBERT (Jiao et al., 2020), Eq. 9: MSE(E_S W_e, E_T)", uses_projection=True),
     LossTerm("hidden", "intermediate", lambda layer_map: [("hidden_states", g) for g in layer_map], False, _hidden,
-             "TinyBERT Eq. 8: MSE(H_S W_h, H_T) per mapped layer"),
+             "TinyBERT Eq. 8: MSE(H_S W_h, H_T) per mapped layer", uses_projection=True),
     LossTerm("attention", "intermediate", lambda layer_map: [("attentions", g) for g in layer_map], True, _attention,
              "TinyBERT Eq. 7: MSE of pre-softmax scores, mean over heads, per mapped layer"),
+    LossTerm("relation", "intermediate", lambda layer_map: [("qkv", layer_map[-1])], False, _relation,
+             "MiniLMv2 (Wang et al., 2021), Eq. 3-5: KL of query-query, key-key and value-value self-attention "
+             "relations at the student's last layer and its mapped teacher layer; no projections, any head counts",
+             default_weight=0.0, reads_qkv=True),
     LossTerm("prediction", "prediction", lambda layer_map: [("logits", 0)], False, _prediction,
              "TinyBERT Eq. 10: soft cross-entropy on logits (MSE for regression)"),
 )}

@@ -243,3 +243,14 @@ def test_the_mpnet_asset_is_joined_and_extracted_once(monkeypatch, tmp_path):
     assert (tmp_path / "cache" / "all-mpnet-base-v2" / "config.json").read_text() == '{"model_type": "mpnet"}'
     packages.clear()  # a second call must not read the packages again
     assert assets.mpnet_path() == folder
+
+
+def test_the_relation_term_with_an_mpnet_teacher_and_a_bert_student(tmp_path, tiny_tokenizer):
+    """MiniLMv2 relations from MPNet's hooked query/key/value projections, through the pipeline."""
+    teacher = _mpnet(len(tiny_tokenizer))
+    args = _job(tmp_path, teacher, tiny_tokenizer, distill={"weights": {"relation": 1.0, "attention": 0},
+                                                            "relation_heads": 4})
+    assert run_distill.main(args) == 0
+    log = [json.loads(line) for line in (tmp_path / "run" / "student_intermediate" / "log.jsonl").read_text().splitlines()]
+    assert {"loss/embedding", "loss/hidden", "loss/relation"} <= set(log[-1]) and "loss/attention" not in log[-1]
+    assert log[-1]["loss/relation"] > 0

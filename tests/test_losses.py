@@ -233,12 +233,55 @@ def test_loss_terms_come_from_one_registry():
     from distill.objective import intermediate_terms
     from distill.terms import LOSS_TERMS, terms_of
 
-    assert list(LOSS_TERMS) == ["embedding", "hidden", "attention", "prediction"]
-    assert terms_of("intermediate") == ("embedding", "hidden", "attention")
-    assert intermediate_terms({"attention": 0}) == {"embedding": 1.0, "hidden": 1.0}
-    with pytest.raises(ConfigError, match="weights.attn: unknown loss term; use embedding, hidden, attention, prediction"):
+    assert list(LOSS_TERMS) == ["embedding", "hidden", "attention", "relation", "prediction"]
+    assert terms_of("intermediate") == ("embedding", "hidden", "attention", "relation")
+    assert intermediate_terms({"attention": 0}) == {"embedding": 1.0, "hidden": 1.0}  # relation: off by default
+    assert intermediate_terms({"relation": 2.0, "hidden": 0}) == {"embedding": 1.0, "attention": 1.0, "relation": 2.0}
+    with pytest.raises(ConfigError, match="weights.attn: unknown loss term; use embedding, hidden, attention, relation, "
+                                          "prediction"):
         DistillConfig(weights={"attn": 1.0})
-    with pytest.raises(ConfigError, match="weights.prediction: unknown loss term; use embedding, hidden, attention$"):
+    with pytest.raises(ConfigError, match="weights.prediction: unknown loss term; use embedding, hidden, attention, "
+                                          "relation$"):
         GeneralConfig(weights={"prediction": 1.0})
     with pytest.raises(ValueError, match="unknown loss terms"):
         DistillationObjective(tiny_bert(), tiny_bert(), {"attn": 1.0}, [1, 2])
+
+
+def test_relation_loss_against_kl_div_by_hand_and_padding_free():
+    from torch.nn import functional as F
+
+    from distill.losses import relation_loss
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 8), torch.randn(2, 5, 12)  # widths differ; 4 relation heads of 2 and 3 dims
+    mask = torch.ones(2, 5)
+    assert relation_loss(teacher, teacher.clone(), mask, 4).item() == pytest.approx(0.0, abs=1e-6)
+
+    def relations(x, heads):
+        b, t, h = x.shape
+        x = x.view(b, t, heads, h // heads).transpose(1, 2)
+        return torch.softmax(x @ x.transpose(-1, -2) / (h // heads) ** 0.5, dim=-1)
+
+    expected = F.kl_div(relations(student, 4).log(), relations(teacher, 4), reduction="sum") / (2 * 4 * 5)
+    assert relation_loss(student, teacher, mask, 4).item() == pytest.approx(expected.item(), rel=1e-5)
+    # Two padding positions holding anything: same loss as the unpadded batch.
+    padded_s = torch.cat([student, 50 * torch.randn(2, 2, 8)], dim=1)
+    padded_t = torch.cat([teacher, 50 * torch.randn(2, 2, 12)], dim=1)
+    padded = relation_loss(padded_s, padded_t, torch.cat([mask, torch.zeros(2, 2)], dim=1), 4)
+    assert padded.item() == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="relation heads 5 do not divide"):
+        relation_loss(student, teacher, mask, 5)
+
+
+def test_the_relation_term_needs_no_projection_nor_equal_heads_and_trains_the_last_layer():
+    teacher = tiny_bert(seed=0)  # width 32, 4 heads
+    student = tiny_bert(seed=1, hidden_size=16, intermediate_size=32, num_attention_heads=2).train()
+    objective = DistillationObjective(teacher, student, {"relation": 1.0}, [1, 2], relation_heads=4)
+    assert len(objective.trainable["projections"]) == 0  # no learnt projection: relations compare T x T maps
+    loss, terms = objective(padded_batch())
+    assert set(terms) == {"relation"} and loss.item() > 0
+    loss.backward()
+    last = student.bert.encoder.layer[-1].attention.self
+    for name in ("query", "key", "value"):
+        assert getattr(last, name).weight.grad.abs().sum() > 0, name
+    assert bool(objective.inputs_differ["relation"])
