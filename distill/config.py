@@ -229,12 +229,14 @@ class DistillConfig:
     hard_label_weight: float = 0.0  # weight of cross-entropy to the gold labels in the prediction step
     weights: dict[str, float] = field(default_factory=dict)  # per-term weights, e.g. {attention: 1.0, relation: 1.0}
     relation_heads: int = 12  # relation heads of the MiniLMv2 relation term (weights.relation > 0); divides both widths
+    hidden_loss: str = "mse"  # embedding/hidden terms: "mse" (TinyBERT) or "normalized" (over the teacher's variation)
     intermediate: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
     prediction: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=3e-5))
 
     def __post_init__(self) -> None:
         _check_layer_map_and_weights(self.layer_map, self.weights, ("intermediate", "prediction"))
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        _check(self.hidden_loss in ("mse", "normalized"), "hidden_loss", f"must be mse or normalized, got {self.hidden_loss!r}")
         _check(self.hard_label_weight >= 0, "hard_label_weight", "must be >= 0")
 
 
@@ -274,6 +276,7 @@ class GeneralConfig:
     share_projection: bool = False  # one W for embeddings and hidden layers (reference code) vs W_e, W_h (paper)
     weights: dict[str, float] = field(default_factory=dict)  # per-term weights: embedding, hidden, attention, relation
     relation_heads: int = 12  # relation heads of the MiniLMv2 relation term
+    hidden_loss: str = "mse"  # embedding/hidden terms: "mse" (TinyBERT) or "normalized" (over the teacher's variation)
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=1000, learning_rate=1e-4, warmup_ratio=0.1, save_steps=200)
     )

@@ -139,7 +139,8 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
     objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,
-                                      share_projection=config.share_projection, relation_heads=config.relation_heads)
+                                      share_projection=config.share_projection, relation_heads=config.relation_heads,
+                                      hidden_loss=config.hidden_loss)
     device = device if device is not None else run_device()
     state = train(objective, corpus, collator(tokenizer), config.train, out, run_id, "general distillation",
                   device=device)

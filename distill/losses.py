@@ -188,6 +188,20 @@ def hidden_error(
     return squared_error_sum(student_hidden, teacher_hidden, valid, consume_teacher=consume_teacher), count
 
 
+def teacher_variation(teacher_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Σ over real tokens of ‖h_T − μ‖², μ the mean teacher state over the batch's real tokens: how much the teacher's
+    states vary, the denominator of the normalized hidden loss. Float32 scalar.
+
+    Args:
+        teacher_hidden: (B, T, h_T).
+        attention_mask: (B, T), 1 for real tokens.
+    """
+    with torch.autocast(teacher_hidden.device.type, enabled=False):
+        valid = attention_mask.bool()
+        states = teacher_hidden[valid].float()  # (real tokens, h_T)
+        return ((states - states.mean(dim=0)) ** 2).sum()
+
+
 def hidden_loss(
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,

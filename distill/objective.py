@@ -90,6 +90,9 @@ class DistillationObjective(nn.Module):
         temperature, temperature_squared, hard_label_weight: see :func:`distill.losses.prediction_loss`.
         regression: the task is regression (single output); prediction uses MSE.
         relation_heads: relation heads of the MiniLMv2 ``relation`` term (must divide both widths).
+        hidden_loss: "mse" (TinyBERT Eq. 8, 9) or "normalized": the embedding and hidden terms divide each layer's
+            squared error by the teacher's variation over the batch's real tokens (Σ‖h_T − μ‖²), so a teacher layer
+            whose states barely vary is matched in its variation, not by a constant.
 
     Raises:
         ValueError: an unregistered term, or a layer map whose length is not the student's depth.
@@ -109,6 +112,7 @@ class DistillationObjective(nn.Module):
         hard_label_weight: float = 0.0,
         regression: bool = False,
         relation_heads: int = 12,
+        hidden_loss: str = "mse",
     ):
         super().__init__()
         unknown = set(terms) - set(LOSS_TERMS)
@@ -125,6 +129,9 @@ class DistillationObjective(nn.Module):
         self.hard_label_weight = hard_label_weight
         self.regression = regression
         self.relation_heads = relation_heads
+        if hidden_loss not in ("mse", "normalized"):
+            raise ValueError(f"hidden_loss must be mse or normalized, got {hidden_loss!r}")
+        self.hidden_loss = hidden_loss
         self.needs_intermediate = any(LOSS_TERMS[name].step == "intermediate" for name in self.terms)
         self.needs_attentions = any(LOSS_TERMS[name].reads_attentions for name in self.terms)
         needs_qkv = any(LOSS_TERMS[name].reads_qkv for name in self.terms)

@@ -210,7 +210,7 @@ def _distill_step(
     """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
     if name == "intermediate":
         settings = {"share_projection": config.distill.share_projection,
-                    "relation_heads": config.distill.relation_heads}
+                    "relation_heads": config.distill.relation_heads, "hidden_loss": config.distill.hidden_loss}
     else:
         settings = {"temperature": config.distill.temperature, "regression": spec.is_regression,
                     "temperature_squared": config.distill.temperature_squared,

@@ -133,7 +133,7 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
     StageSpec("student_intermediate",
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
-                     *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.intermediate"),
+                     *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate"),
               inputs=("teacher", "augmented", "general")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",

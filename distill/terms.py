@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from distill.capture import ModelOutputs
-from distill.losses import attention_error, hidden_error, prediction_loss, relation_error
+from distill.losses import attention_error, hidden_error, prediction_loss, relation_error, teacher_variation
 
 if TYPE_CHECKING:
     from distill.objective import DistillationObjective
@@ -117,20 +117,29 @@ class LossTerm:
     uses_projection: bool = False  # it maps student states to the teacher's width with a learnt W
 
 
+def _state_loss(objective, student_states: torch.Tensor, target: torch.Tensor, consume: bool, mask: torch.Tensor,
+                projection) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer pair's hidden-state loss: the MSE (TinyBERT), or with ``hidden_loss == "normalized"`` the squared
+    error over the teacher's variation (computed before the teacher's buffer may be overwritten)."""
+    variation = teacher_variation(target, mask) if objective.hidden_loss == "normalized" else None
+    total, count = hidden_error(student_states, target, mask, projection, consume_teacher=consume)
+    return total / (count if variation is None else variation).clamp(min=1e-12), total
+
+
 def _embedding(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     target, consume = teacher.take("hidden_states", 0)
-    total, count = hidden_error(student.hidden_states[0], target, batch["attention_mask"],
-                                objective.projection("embedding"), consume_teacher=consume)
-    return TermValue(total / count.clamp(min=1), total > 0)
+    loss, total = _state_loss(objective, student.hidden_states[0], target, consume, batch["attention_mask"],
+                              objective.projection("embedding"))
+    return TermValue(loss, total > 0)
 
 
 def _hidden(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
     for m, g in enumerate(objective.layer_map, start=1):
         target, consume = teacher.take("hidden_states", g)
-        total, count = hidden_error(student.hidden_states[m], target, batch["attention_mask"],
-                                    objective.projection("hidden"), consume_teacher=consume)
-        loss, differ = loss + total / count.clamp(min=1), differ | (total > 0)
+        value, total = _state_loss(objective, student.hidden_states[m], target, consume, batch["attention_mask"],
+                                   objective.projection("hidden"))
+        loss, differ = loss + value, differ | (total > 0)
     return TermValue(loss, differ)
 
 

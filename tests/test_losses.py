@@ -285,3 +285,29 @@ def test_the_relation_term_needs_no_projection_nor_equal_heads_and_trains_the_la
     for name in ("query", "key", "value"):
         assert getattr(last, name).weight.grad.abs().sum() > 0, name
     assert bool(objective.inputs_differ["relation"])
+
+
+def test_the_normalized_hidden_loss_does_not_let_a_constant_match_a_layer_that_barely_varies():
+    """A sentence-embedding teacher's last layer can be nearly the same vector for every token: its MSE is small for a
+    student that outputs that constant; normalized by the teacher's variation, the constant scores 1 (it explains
+    none of it) and a student that follows the variation scores near 0."""
+    from distill.losses import hidden_error, teacher_variation
+
+    torch.manual_seed(0)
+    mask = torch.ones(4, 6)
+    common = torch.randn(8) * 3
+    teacher = common + 0.01 * torch.randn(4, 6, 8)  # every token almost the same vector
+    constant = common.expand(4, 6, 8).clone()
+    follower = teacher + 0.001 * torch.randn(4, 6, 8)
+    mean = teacher.reshape(-1, 8).mean(0).expand(4, 6, 8)
+    mse = lambda student: (hidden_error(student, teacher, mask)[0] / (24 * 8)).item()  # noqa: E731
+    normalized = lambda student: (hidden_error(student, teacher, mask)[0] / teacher_variation(teacher, mask)).item()  # noqa: E731
+    assert mse(constant) < 2e-4  # the plain loss barely tells the constant from the follower ...
+    assert normalized(mean) == pytest.approx(1.0, rel=1e-4)  # ... the normalized one does
+    assert normalized(follower) < 0.02 < 0.9 < normalized(constant)
+    # Through the objective: the option reaches the hidden and embedding terms.
+    teacher_model, student_model = tiny_bert(seed=0), tiny_bert(seed=1)
+    plain = DistillationObjective(teacher_model, student_model, {"hidden": 1}, [1, 2])
+    scaled = DistillationObjective(teacher_model, student_model, {"hidden": 1}, [1, 2], hidden_loss="normalized")
+    with torch.no_grad():
+        assert plain(padded_batch())[0].item() != pytest.approx(scaled(padded_batch())[0].item(), rel=1e-3)
