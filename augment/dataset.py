@@ -60,7 +60,8 @@ def augment_examples(
     """Original and augmented rows for a batch of examples.
 
     Each text column is augmented independently (pair tasks: both sentences); copy i of an example combines copy i
-    of each column. Rows identical to the original or to an earlier copy are dropped.
+    of each column (``config.pair_copies == "both"``), or changes column i mod 2 only and keeps the other as it is
+    (``"one"``). Rows identical to the original or to an earlier copy are dropped.
 
     Returns:
         Rows in order: each original followed by its copies, with ``source_index`` and ``is_augmented`` added.
@@ -77,7 +78,10 @@ def augment_examples(
             for c in text_columns
         }
         for i in range(config.num_copies):
-            texts = tuple(copies[c][i] for c in text_columns)
+            if config.pair_copies == "one" and len(text_columns) == 2:
+                texts = tuple(copies[c][i] if k == i % 2 else example[c] for k, c in enumerate(text_columns))
+            else:
+                texts = tuple(copies[c][i] for c in text_columns)
             if texts not in seen:
                 seen.add(texts)
                 rows.append({**example, **dict(zip(text_columns, texts)), "source_index": index, "is_augmented": True})
