@@ -13,7 +13,10 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from distill.config import PipelineConfig, StudentConfig, TrainConfig
 from distill.data import TaskSpec
+from distill.terms import LOSS_TERMS
+from students import student_shape
 from teachers.assets import HUB_IDS
 
 logger = logging.getLogger(__name__)
@@ -30,6 +33,43 @@ def hub_id(name: str | None) -> str | None:
     if name in HUB_IDS:
         return HUB_IDS[name]
     return None if Path(name).exists() else name
+
+
+def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
+    """How a student starts, in words for reports."""
+    if student.model is not None:
+        return f"from {student.model}"
+    if student.init == "teacher":
+        return f"teacher layers ({layer_map})"
+    return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random"}[student.init]
+
+
+def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int) -> list[str]:
+    """How a student was made, in words for its model card."""
+    teacher = config.teacher
+    made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
+            f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
+            + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
+    dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
+    weights = {name: config.distill.weights.get(name, 1.0) for name in LOSS_TERMS}
+    augment = config.augment
+    lines = [f"teacher: {made}; dev {dev}",
+             (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
+              f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows"),
+             (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
+              f", {general['steps']} steps" if general["folder"] else f"start: {describe_init(config.student, config.distill.layer_map)}"),
+             f"student: {student_shape(config.student) if config.student.model is None else config.student.model}",
+             f"layer map (student 0..M -> teacher): {step1.get('layer_map')}",
+             f"loss weights: {weights}; temperature {config.distill.temperature}",
+             f"intermediate step: {_budget(config.distill.intermediate)}; prediction step: "
+             f"{_budget(config.distill.prediction)}"]
+    return lines
+
+
+def _budget(train: TrainConfig) -> str:
+    steps = f"{train.max_steps} steps" if train.max_steps else f"{train.num_epochs:g} epoch(s)" + (
+        f", at least {train.min_steps} steps" if train.min_steps else "")
+    return f"{steps}, batch {train.batch_size}, lr {train.learning_rate:g}"
 
 
 def _eval_results(spec: TaskSpec, dev: dict, model_name: str) -> list[EvalResult]:

@@ -24,20 +24,17 @@ import datasets
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
+from transformers import AutoModelForSequenceClassification, set_seed
 
 from augment import (
     augment_dataset,
-    check_word_vectors,
     generator_factory,
     load_shards,
-    load_stopwords,
 )
-from distill.capture import CaptureError, capture_support
-from distill.card import push_to_hub, student_card
+from distill.card import describe_init, push_to_hub, recipe_lines, student_card
+from distill.preflight import preflight
 from distill.checkpoint import finished_or_superseded, mark_stage_done, write_json_atomic
-from distill.config import ConfigError, PipelineConfig, StudentConfig, TrainConfig, to_dict
-from distill.corpus import corpus_sources
+from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
@@ -55,9 +52,8 @@ from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.report import build_report, count_parameters, size_mb, time_models, write_report
 from distill.stages import STAGES, ConfigView
-from distill.terms import LOSS_TERMS
 from distill.trainer import train
-from students import build_student, student_family, student_shape
+from students import build_student, student_shape
 from teachers import (
     adapt_mlm,
     check_same_vocabulary,
@@ -67,8 +63,7 @@ from teachers import (
     load_tokenizer,
 )
 from teachers.finetune import dev_labels
-from teachers.mlm import corpus_files
-from teachers.models import check_teacher_config, load_config as load_model_config
+from teachers.models import load_config as load_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -338,34 +333,6 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
     return report
 
 
-def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int) -> list[str]:
-    """How a student was made, in words for its model card."""
-    teacher = config.teacher
-    made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
-            f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
-            + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
-    dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
-    weights = {name: config.distill.weights.get(name, 1.0) for name in LOSS_TERMS}
-    augment = config.augment
-    lines = [f"teacher: {made}; dev {dev}",
-             (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
-              f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows"),
-             (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
-              f", {general['steps']} steps" if general["folder"] else f"start: {describe_init(config.student, config.distill.layer_map)}"),
-             f"student: {student_shape(config.student) if config.student.model is None else config.student.model}",
-             f"layer map (student 0..M -> teacher): {step1.get('layer_map')}",
-             f"loss weights: {weights}; temperature {config.distill.temperature}",
-             f"intermediate step: {_budget(config.distill.intermediate)}; prediction step: "
-             f"{_budget(config.distill.prediction)}"]
-    return lines
-
-
-def _budget(train: TrainConfig) -> str:
-    steps = f"{train.max_steps} steps" if train.max_steps else f"{train.num_epochs:g} epoch(s)" + (
-        f", at least {train.min_steps} steps" if train.min_steps else "")
-    return f"{steps}, batch {train.batch_size}, lr {train.learning_rate:g}"
-
-
 def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, report: dict,
                   recipe: list[str], command: str) -> None:
     """What ships with the student: ONNX files checked on the dev set (``export.onnx``), the model card
@@ -388,77 +355,6 @@ def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         push_to_hub(folder, config.export.push_to_hub)
 
 
-def preflight(config: PipelineConfig) -> None:
-    """Check inputs of later stages before the first one runs, so a typo is not found an hour in.
-
-    Raises:
-        VectorsError, DataError: missing word vectors, stop word list or corpus file (masked LM or general stage).
-        ModelError: the general stage's teacher cannot be found.
-        ConfigError: an unknown student preset or an impossible student shape.
-    """
-    if config.augment.enabled:
-        check_word_vectors(config.augment.word_vectors)
-        load_stopwords(config.augment.stopwords)
-        if config.mlm.model is None:
-            corpus_files(config.mlm.corpus)
-    if config.student.model is None:
-        try:
-            student_shape(config.student)
-        except ValueError as error:
-            raise ConfigError(f"student: {error}") from None
-        if config.general.enabled:
-            corpus_sources(config.general.corpus)
-            load_model_config(general_config(config).teacher)
-    check_student_fits_teacher(config)
-
-
-def check_student_fits_teacher(config: PipelineConfig) -> None:
-    """The student's depth, heads and initialisation against the teacher's config (read from the given teacher or
-    the base model to fine-tune; no weights loaded).
-
-    Raises:
-        ConfigError: the layer map cannot be built (a student deeper than the teacher, a bad explicit map), the
-            student's head count does not divide the teacher's while the attention loss is on, or ``init: teacher``
-            with sizes that differ; each names the field to change.
-        ModelError: the teacher or student checkpoint cannot be found.
-    """
-    teacher = load_model_config(config.teacher.model or config.teacher.base_model)
-    if config.teacher.model is not None:
-        check_teacher_config(teacher, task_spec(config.task), config.teacher.model, config.teacher.remap_labels)
-    if config.student.model is not None:
-        student = load_model_config(config.student.model)
-        layers, heads, hidden = student.num_hidden_layers, student.num_attention_heads, student.hidden_size
-        student_type = student.model_type
-    else:
-        shape = student_shape(config.student)
-        layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
-        student_type = shape.get("model_type", student_family(teacher.model_type))
-    if not intermediate_terms(config.distill.weights):
-        return  # logit-only: any teacher family, no layer map
-    for role, model_config in (("teacher", teacher), ("student", AutoConfig.for_model(student_type))):
-        if (reason := capture_support(model_config, role)) is not None:
-            raise CaptureError(f"{role}: {reason}")
-    try:
-        build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)
-    except ValueError as error:
-        raise ConfigError(f"distill.layer_map / student.num_hidden_layers: {error}") from None
-    if config.distill.weights.get("attention", 1.0) > 0 and teacher.num_attention_heads % heads:
-        raise ConfigError(
-            f"student.num_attention_heads: the teacher has {teacher.num_attention_heads} heads and the student {heads}; "
-            "the attention loss averages teacher heads in equal groups, so the student's count must divide the "
-            f"teacher's (e.g. {', '.join(str(d) for d in range(1, teacher.num_attention_heads + 1) if not teacher.num_attention_heads % d)}), "
-            "or set distill.weights.attention: 0"
-        )
-    if intermediate_terms(config.distill.weights).get("relation"):
-        heads = config.distill.relation_heads
-        if hidden % heads or teacher.hidden_size % heads:
-            raise ConfigError(f"distill.relation_heads: {heads} relation heads must divide the student's width "
-                              f"({hidden}) and the teacher's ({teacher.hidden_size})")
-    if config.student.model is None and config.student.init == "teacher" and hidden != teacher.hidden_size:
-        raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
-                          f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")
-
-
 def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     """The stages every student of a run shares: config record, task data, teacher, augmented training set.
 
@@ -473,15 +369,6 @@ def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     teacher_record = teacher_stage(config, spec, data, out, device=device)
     train_data, data_run_id = augment_stage(config, spec, data, out, device=device)
     return out, spec, data, teacher_record, train_data, data_run_id
-
-
-def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
-    """How a student starts, in words for reports."""
-    if student.model is not None:
-        return f"from {student.model}"
-    if student.init == "teacher":
-        return f"teacher layers ({layer_map})"
-    return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random"}[student.init]
 
 
 def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dict:

@@ -4,7 +4,6 @@ import csv
 import json
 
 import datasets
-import numpy as np
 import pytest
 import torch
 from transformers import BertTokenizer

@@ -1,0 +1,88 @@
+"""Checks of a job's inputs before its first stage runs, so that a typo or an impossible shape is not found an hour in."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig
+
+from augment import check_word_vectors, load_stopwords
+from distill.capture import CaptureError, capture_support
+from distill.config import ConfigError, PipelineConfig
+from distill.corpus import corpus_sources
+from distill.data import task_spec
+from distill.general import general_config
+from distill.layer_map import build_layer_map
+from distill.objective import intermediate_terms
+from students import student_family, student_shape
+from teachers.mlm import corpus_files
+from teachers.models import check_teacher_config, load_config as load_model_config
+
+
+def preflight(config: PipelineConfig) -> None:
+    """Check inputs of later stages before the first one runs, so a typo is not found an hour in.
+
+    Raises:
+        VectorsError, DataError: missing word vectors, stop word list or corpus file (masked LM or general stage).
+        ModelError: the general stage's teacher cannot be found.
+        ConfigError: an unknown student preset or an impossible student shape.
+    """
+    if config.augment.enabled:
+        check_word_vectors(config.augment.word_vectors)
+        load_stopwords(config.augment.stopwords)
+        if config.mlm.model is None:
+            corpus_files(config.mlm.corpus)
+    if config.student.model is None:
+        try:
+            student_shape(config.student)
+        except ValueError as error:
+            raise ConfigError(f"student: {error}") from None
+        if config.general.enabled:
+            corpus_sources(config.general.corpus)
+            load_model_config(general_config(config).teacher)
+    check_student_fits_teacher(config)
+
+
+def check_student_fits_teacher(config: PipelineConfig) -> None:
+    """The student's depth, heads and initialisation against the teacher's config (read from the given teacher or
+    the base model to fine-tune; no weights loaded).
+
+    Raises:
+        ConfigError: the layer map cannot be built (a student deeper than the teacher, a bad explicit map), the
+            student's head count does not divide the teacher's while the attention loss is on, or ``init: teacher``
+            with sizes that differ; each names the field to change.
+        ModelError: the teacher or student checkpoint cannot be found.
+    """
+    teacher = load_model_config(config.teacher.model or config.teacher.base_model)
+    if config.teacher.model is not None:
+        check_teacher_config(teacher, task_spec(config.task), config.teacher.model, config.teacher.remap_labels)
+    if config.student.model is not None:
+        student = load_model_config(config.student.model)
+        layers, heads, hidden = student.num_hidden_layers, student.num_attention_heads, student.hidden_size
+        student_type = student.model_type
+    else:
+        shape = student_shape(config.student)
+        layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
+        student_type = shape.get("model_type", student_family(teacher.model_type))
+    if not intermediate_terms(config.distill.weights):
+        return  # logit-only: any teacher family, no layer map
+    for role, model_config in (("teacher", teacher), ("student", AutoConfig.for_model(student_type))):
+        if (reason := capture_support(model_config, role)) is not None:
+            raise CaptureError(f"{role}: {reason}")
+    try:
+        build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)
+    except ValueError as error:
+        raise ConfigError(f"distill.layer_map / student.num_hidden_layers: {error}") from None
+    if config.distill.weights.get("attention", 1.0) > 0 and teacher.num_attention_heads % heads:
+        raise ConfigError(
+            f"student.num_attention_heads: the teacher has {teacher.num_attention_heads} heads and the student {heads}; "
+            "the attention loss averages teacher heads in equal groups, so the student's count must divide the "
+            f"teacher's (e.g. {', '.join(str(d) for d in range(1, teacher.num_attention_heads + 1) if not teacher.num_attention_heads % d)}), "
+            "or set distill.weights.attention: 0"
+        )
+    if intermediate_terms(config.distill.weights).get("relation"):
+        heads = config.distill.relation_heads
+        if hidden % heads or teacher.hidden_size % heads:
+            raise ConfigError(f"distill.relation_heads: {heads} relation heads must divide the student's width "
+                              f"({hidden}) and the teacher's ({teacher.hidden_size})")
+    if config.student.model is None and config.student.init == "teacher" and hidden != teacher.hidden_size:
+        raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
+                          f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")
