@@ -280,22 +280,28 @@ def run_sweep_command(config, args) -> int:
     return 0
 
 
-def run_benchmark_command(config, args) -> int:
-    from distill.benchmark import resolve_model_folder, run_benchmark
-    from distill.data import load_task_data, task_spec
+def _model_folder(given: str, stage: str) -> tuple[Path, str]:
+    """``resolve_model_folder`` for a path given on the command line: a missing folder is a DataError (exit 2)."""
+    from distill.benchmark import resolve_model_folder
+    from distill.data import DataError
 
     try:
-        teacher, _ = resolve_model_folder(Path(args.teacher), "teacher")
-        students = {}
-        for given in args.student:
-            folder, init = resolve_model_folder(Path(given), "student")
-            name = Path(given).name
-            name = name if name not in students and name != "teacher" else f"{name}_{len(students) + 1}"
-            students[name] = (folder, init)
+        return resolve_model_folder(Path(given), stage)
     except FileNotFoundError as error:
-        from distill.data import DataError
-
         raise DataError(str(error)) from None
+
+
+def run_benchmark_command(config, args) -> int:
+    from distill.benchmark import run_benchmark
+    from distill.data import load_task_data, task_spec
+
+    teacher, _ = _model_folder(args.teacher, "teacher")
+    students = {}
+    for given in args.student:
+        folder, init = _model_folder(given, "student")
+        name = Path(given).name
+        name = name if name not in students and name != "teacher" else f"{name}_{len(students) + 1}"
+        students[name] = (folder, init)
     spec = task_spec(config.task)
     dev = load_task_data(config.task, spec)["dev"]
     out = Path(args.output_dir) if args.output_dir else Path(config.output_dir) / "benchmark"
@@ -306,16 +312,10 @@ def run_benchmark_command(config, args) -> int:
 
 
 def run_export_command(config, args) -> int:
-    from distill.benchmark import resolve_model_folder
     from distill.data import load_task_data, task_spec
     from distill.export import ONNX_FOLDER, export_student
 
-    try:
-        folder, _ = resolve_model_folder(Path(args.student), "student")
-    except FileNotFoundError as error:
-        from distill.data import DataError
-
-        raise DataError(str(error)) from None
+    folder, _ = _model_folder(args.student, "student")
     spec = task_spec(config.task)
     record = export_student(folder, spec, load_task_data(config.task, spec)["dev"], config.task.max_seq_length,
                             int8=args.int8)
