@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 TAGS = ["distillation", "knowledge-distillation", "tinybert", "tinydistill"]
 # Files of a stage folder that are the run's working state, not the model: not uploaded.
-NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", "stage.json", "log.jsonl", "best/*"]
+NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", "stage.json", "started.json", "log.jsonl", "best/*"]
 
 
 def hub_id(name: str | None) -> str | None:

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +219,24 @@ def stage_done(directory: Path, run_id: str) -> dict | None:
     return record
 
 
+STARTED_FILE = "started.json"
+
+
+def mark_stage_started(directory: Path) -> None:
+    """Note when the stage in ``directory`` started running in this process (``started.json``): its
+    :func:`mark_stage_done` then records ``seconds``, the wall time from there. A resumed stage counts from its
+    resume; a stage skipped as finished does not call this."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(directory / STARTED_FILE, {"started_at": time.time()})
+
+
 def mark_stage_done(directory: Path, run_id: str, results: dict | None = None) -> dict:
-    """Record that the stage in ``directory`` finished; written last and atomically."""
+    """Record that the stage in ``directory`` finished; written last and atomically. With a ``started.json``
+    (:func:`mark_stage_started`) the record gets ``seconds``, wall time since then, unless the results give it."""
     record = {"run_id": run_id, **(results or {})}
+    started = directory / STARTED_FILE
+    if "seconds" not in record and started.is_file():
+        record["seconds"] = round(time.time() - json.loads(started.read_text(encoding="utf-8"))["started_at"], 1)
     write_json_atomic(directory / STAGE_FILE, record)
     return record
 

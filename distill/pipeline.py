@@ -33,7 +33,7 @@ from augment import (
 )
 from distill.card import describe_init, push_to_hub, recipe_lines, student_card
 from distill.preflight import preflight
-from distill.checkpoint import finished_or_superseded, mark_stage_done, write_json_atomic
+from distill.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
 from distill.device import is_accelerator, run_device
@@ -50,7 +50,7 @@ from distill.general import (
 )
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
-from distill.report import build_report, count_parameters, size_mb, time_models, write_report
+from distill.report import build_report, count_parameters, size_mb, stage_seconds, time_models, write_report
 from distill.stages import STAGES, ConfigView
 from distill.trainer import train
 from students import build_student, student_shape
@@ -72,6 +72,12 @@ def _banner(name: str, folder: Path) -> None:
     logger.info("=== stage: %s -> %s", name, folder)
 
 
+def _start(name: str, folder: Path) -> None:
+    """A stage with a ``stage.json`` begins to run: log it and note the time (its record gets ``seconds``)."""
+    _banner(name, folder)
+    mark_stage_started(folder)
+
+
 def open_stage(name: str, config: PipelineConfig, folder: Path, inputs: dict[str, str] | None = None
                ) -> tuple[str, ConfigView, dict | None]:
     """A stage's run id (from the fields it declares and its inputs' run ids), the config as it may read it, and its
@@ -90,7 +96,7 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     if record is not None:
         logger.info("teacher: done (dev %s), skipping", record["dev"])
         return record
-    _banner("teacher", folder)
+    _start("teacher", folder)
     if config.teacher.model is None:
         return finetune_teacher(config.teacher, config.task, spec, data, folder, run_id, device=device)
     teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels).to(device)
@@ -109,7 +115,7 @@ def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> tup
     folder = out / "mlm"
     run_id, config, record = open_stage("mlm", config, folder)
     if record is None:
-        _banner("adapt-mlm", folder)
+        _start("adapt-mlm", folder)
         adapt_mlm(config.mlm, folder, run_id, device=device)
     return str(folder), run_id
 
@@ -126,7 +132,7 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
         return load_shards(folder), run_id
-    _banner("augmentation", folder)
+    _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device)
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id)
     num_augmented = int(np.sum(augmented["is_augmented"]))
@@ -230,7 +236,7 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     run_id, config, record = open_stage("student_intermediate", config, folder, inputs)
     if record is not None:
         return record
-    _banner("task distillation, intermediate step", folder)
+    _start("task distillation, intermediate step", folder)
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec)
     terms = intermediate_terms(config.distill.weights)
@@ -267,6 +273,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     teacher = load_teacher(str(out / "teacher"), spec).to(device)
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
                                     device=device)
+    mark_stage_started(folder)  # the step's wall time leaves out the teacher logits, timed in their own folder
     student = AutoModelForSequenceClassification.from_pretrained(folder.parent / "student_intermediate")
     weight = config.distill.weights.get("prediction", 1.0)
     _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set, {"prediction": weight},
@@ -301,6 +308,7 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
     """Add a ``teacher_logits`` column (B, C), computed once on ``device`` (where ``teacher`` is) and cached on
     disk: the prediction step then skips the teacher forward."""
     if finished_or_superseded(folder, run_id) is None:
+        _start("teacher logits (cached for the prediction step)", folder)
         logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
         datasets.Dataset.from_dict({"teacher_logits": logits.tolist()}).save_to_disk(str(folder / "data"))
         mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
@@ -328,7 +336,8 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
         for name, values in timing.items():
             entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
             entries[name].update(values)
-    report = build_report(entries, config.report, accelerator=device.type if is_accelerator(device) else None)
+    report = build_report(entries, config.report, accelerator=device.type if is_accelerator(device) else None,
+                          stages=stage_seconds(out))
     write_report(report, out)
     return report
 

@@ -86,10 +86,30 @@ def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device
     return results
 
 
+# Stage folders of a pipeline output folder, in the order they run, with the names the report gives them.
+STAGE_NAMES = {"teacher": "teacher", "mlm": "masked LM", "augmented": "augmentation", "general": "general distillation",
+               "student_intermediate": "intermediate step", "teacher_logits": "teacher logits",
+               "student": "prediction step"}
+
+
+def stage_seconds(output_dir: Path) -> dict[str, float]:
+    """Wall time of each finished stage of a pipeline output folder, in seconds, from the stages' records (the
+    process that finished the stage; general distillation: when it was made, possibly by another job that shares
+    the cache). Stages without a recorded time (skipped, given, or finished by an older version) are left out."""
+    found = {}
+    for folder in STAGE_NAMES:
+        record = (Path(output_dir) / ("general.json" if folder == "general" else f"{folder}/stage.json"))
+        if record.is_file():
+            seconds = json.loads(record.read_text(encoding="utf-8")).get("seconds")
+            if seconds is not None:
+                found[folder] = float(seconds)
+    return found
+
+
 def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher",
-                 accelerator: str | None = None) -> dict:
+                 accelerator: str | None = None, stages: dict[str, float] | None = None) -> dict:
     """Add ratios to the reference model (smaller by, faster by on the CPU, metric retained) and the timing setup
-    (``accelerator``: the device type of the extra timings, if any)."""
+    (``accelerator``: the device type of the extra timings, if any; ``stages``: :func:`stage_seconds`)."""
     base = entries[reference]
     largest = f"batch_{max(config.batch_sizes)}"
     for entry in entries.values():
@@ -105,6 +125,7 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         "num_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "accelerator": accelerator,
+        "stage_seconds": stages or {},
     }
     return {"models": entries, "timing": setup}
 
@@ -158,7 +179,18 @@ def markdown_table(flat: dict, timing: dict) -> str:
             f"'smaller by' and 'faster by' on the CPU at batch {max(timing['batch_sizes'])}.")
     if timing.get("accelerator"):
         note += f" Columns named {timing['accelerator']} batch B: the same timing on {timing['accelerator']}."
-    return "\n".join(lines) + "\n" + note + "\n"
+    return "\n".join(lines) + "\n" + note + "\n" + _stage_table(timing.get("stage_seconds") or {})
+
+
+def _stage_table(stages: dict[str, float]) -> str:
+    if not stages:
+        return ""
+    rows = [f"| {STAGE_NAMES[name]} | {seconds / 60:.1f} |" for name, seconds in stages.items()]
+    total = sum(seconds for name, seconds in stages.items() if name != "general")
+    return ("\n| stage | wall time (min) |\n|---|---|\n" + "\n".join(rows) + f"\n| task stages in all | {total / 60:.1f} |\n"
+            "\nWall time of the process that finished each stage (a resumed stage counts from its resume)"
+            + ("; general distillation was made once, when first needed, and is reused from its cache by every task, so "
+               "it is not in the total." if "general" in stages else ".") + "\n")
 
 
 def load_report(output_dir: Path) -> dict:

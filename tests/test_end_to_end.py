@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,10 @@ def _run(*args, cwd=ROOT):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
+    start = time.time()
     result = _run("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
+    result.wall_seconds = time.time() - start
     return out, result
 
 
@@ -44,6 +47,19 @@ def test_report_has_teacher_and_student_numbers(smoke_run):
     assert (out / "student_intermediate" / "projections.safetensors").exists()
     log = [json.loads(line) for line in (out / "student_intermediate" / "log.jsonl").read_text().splitlines()]
     assert {"loss/embedding", "loss/hidden", "loss/attention"} <= set(log[-1])
+
+
+def test_report_gives_the_wall_time_of_every_stage_that_ran(smoke_run):
+    out, result = smoke_run
+    stages = json.loads((out / "report.json").read_text())["student"]["timing"]["stage_seconds"]
+    assert list(stages) == ["teacher", "mlm", "augmented", "general", "student_intermediate", "teacher_logits", "student"]
+    assert stages.pop("general") == json.loads((out / "general.json").read_text())["seconds"] > 0  # maybe made earlier
+    for name, seconds in stages.items():
+        assert seconds == json.loads((out / name / "stage.json").read_text())["seconds"] and seconds > 0, name
+    # Disjoint intervals of one process: together they fit in the command's own wall time.
+    assert sum(stages.values()) < result.wall_seconds
+    table = (out / "report.md").read_text()
+    assert "| intermediate step |" in table and f"| task stages in all | {sum(stages.values()) / 60:.1f} |" in table
 
 
 def test_saved_student_reloads_to_the_same_logits_and_runs_in_a_pipeline(smoke_run):
