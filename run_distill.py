@@ -90,6 +90,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     distill.add_argument("--streaming", action="store_true", default=None,
                          help="general: pack the corpus on the fly instead of once (large corpora)")
 
+    seeds = commands.add_parser("seeds", help="the pipeline once per seed, then the mean and spread of teacher, student "
+                                "and retained metric over the runs")
+    _common(seeds)
+    seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
+                       "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed)")
+    seeds.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune one "
+                       "per seed")
+    seeds.add_argument("--student", help="start every student from this checkpoint (overrides student.model)")
+
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
     _common(sweep)
@@ -159,15 +168,15 @@ def _join_process_group() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _join_process_group()
-    defaults = {"pipeline": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG, "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG,
-                "export": DEFAULT_CONFIG}
+    defaults = {"pipeline": DEFAULT_CONFIG, "seeds": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG,
+                "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
     if args.command == "benchmark" and args.no_compress:
         overrides["benchmark.compress"] = []
-    if args.command in ("pipeline", "augment", "distill", "benchmark", "sweep", "export"):
+    if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export"):
         overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
-    if args.command == "pipeline" or (args.command == "distill" and args.stage == "task"):
+    if args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task"):
         overrides.update({"teacher.model": args.teacher, "student.model": args.student})
     if args.command == "pipeline":
         overrides["export.push_to_hub"] = args.push_to_hub
@@ -249,6 +258,17 @@ def run_pipeline_command(config, args) -> int:
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"done in {time.perf_counter() - start:.0f} s; student: {out / 'student'}; report: {out / 'report.md'}")
     return 0 if report else 1
+
+
+def run_seeds_command(config, args) -> int:
+    from distill.seeds import run_seeds
+
+    start = time.perf_counter()
+    run_seeds(config, args.seeds, command=_command_line())
+    out = Path(config.output_dir)
+    print((out / "seeds.md").read_text(encoding="utf-8"))
+    print(f"{len(args.seeds)} runs done in {time.perf_counter() - start:.0f} s; summary: {out / 'seeds.md'}")
+    return 0
 
 
 def run_distill_command(config, args) -> int:
@@ -355,7 +375,7 @@ def run_augment_command(config, args) -> int:
     return 0
 
 
-COMMANDS = {"pipeline": run_pipeline_command, "distill": run_distill_command, "benchmark": run_benchmark_command,
+COMMANDS = {"pipeline": run_pipeline_command, "seeds": run_seeds_command, "distill": run_distill_command, "benchmark": run_benchmark_command,
             "sweep": run_sweep_command, "export": run_export_command,
             "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
 

@@ -7,7 +7,7 @@ The public API, for distilling from Python instead of the command line (see the 
 - distillation: :func:`build_layer_map`, :class:`DistillationObjective`, :func:`train`, :class:`TrainConfig`,
   :data:`LOSS_TERMS`;
 - evaluation and devices: :func:`evaluate_task`, :func:`run_device`;
-- the whole job: :func:`load_config`, :func:`run_pipeline`.
+- the whole job: :func:`load_config`, :func:`run_pipeline`, :func:`run_seeds` (one run per seed, mean and spread).
 
 Names are imported on first use, so ``import distill`` stays cheap and submodules import each other freely.
 """
@@ -22,7 +22,7 @@ _API = {
     "load_task_data": "distill.data", "tokenize": "distill.data", "collator": "distill.data",
     "build_layer_map": "distill.layer_map", "DistillationObjective": "distill.objective", "train": "distill.trainer",
     "LOSS_TERMS": "distill.terms", "evaluate_task": "distill.evaluate", "run_device": "distill.device",
-    "run_pipeline": "distill.pipeline",
+    "run_pipeline": "distill.pipeline", "run_seeds": "distill.seeds",
 }
 __all__ = sorted(_API)
 

@@ -58,7 +58,10 @@ def masked_lm_logits(model: nn.Module, batch: dict, positions: torch.Tensor) -> 
 
 
 class MaskedLMObjective(nn.Module):
-    """Masked-LM cross-entropy (Devlin et al., 2019) with the head applied at the masked positions only."""
+    """Masked-LM cross-entropy (Devlin et al., 2019) with the head applied at the masked positions only.
+
+    The mean is over the batch's masked tokens; a batch in which masking drew no token (short lines, small batches)
+    gives 0 and no gradient, where the model's own loss is NaN (a mean over nothing) and would stop training."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -68,7 +71,8 @@ class MaskedLMObjective(nn.Module):
         labels = batch["labels"]
         positions = labels != -100
         logits = masked_lm_logits(self.trainable["model"], batch, positions)
-        loss = nn.functional.cross_entropy(logits.float(), labels[positions])
+        total = nn.functional.cross_entropy(logits.float(), labels[positions], reduction="sum")
+        loss = total / positions.sum(dtype=torch.float32).clamp(min=1)
         return loss, {"mlm": loss.detach()}
 
 

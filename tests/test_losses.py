@@ -151,6 +151,13 @@ def test_masked_lm_objective_equals_the_models_own_loss():
     expected = model(**batch, labels=labels).loss
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert set(terms) == {"mlm"}
+    # A batch whose masking drew no token: the model's own loss is NaN; this one is 0 with no gradient.
+    none = torch.full_like(labels, -100)
+    assert torch.isnan(model(**batch, labels=none).loss)
+    loss, _ = MaskedLMObjective(model)({**batch, "labels": none})
+    assert loss.item() == 0.0
+    loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
 
 
 @pytest.mark.parametrize("consume_teacher", [False, True])
