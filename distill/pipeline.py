@@ -328,7 +328,8 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
         folder = out / name
         model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
         models[name] = model
-        entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model)}
+        entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model),
+                         **({"selection": record["selection"]} if "selection" in record else {})}
     timings = [time_models(models, config.report)]
     if is_accelerator(device):
         timings.append(time_models(models, config.report, device, prefix=f"{device.type}_"))

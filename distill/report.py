@@ -156,6 +156,7 @@ def write_report(report: dict, output_dir: Path) -> None:
             "ratios": entry["ratios"],
             "path": entry.get("path"),
             "timing": report["timing"],
+            **({"selection": entry["selection"]} if entry.get("selection") else {}),
         }
     write_json_atomic(output_dir / "report.json", flat)
     (output_dir / "report.md").write_text(markdown_table(flat, report["timing"]), encoding="utf-8")
@@ -179,7 +180,19 @@ def markdown_table(flat: dict, timing: dict) -> str:
             f"'smaller by' and 'faster by' on the CPU at batch {max(timing['batch_sizes'])}.")
     if timing.get("accelerator"):
         note += f" Columns named {timing['accelerator']} batch B: the same timing on {timing['accelerator']}."
-    return "\n".join(lines) + "\n" + note + "\n" + _stage_table(timing.get("stage_seconds") or {})
+    selection = flat.get("teacher", {}).get("selection")
+    return ("\n".join(lines) + "\n" + note + "\n" + (_selection_note(selection) if selection else "")
+            + _stage_table(timing.get("stage_seconds") or {}))
+
+
+def _selection_note(selection: dict) -> str:
+    """The fine-tuned teacher against plain fine-tuning: the kept (best-scored) checkpoint and the last step's."""
+    scores = dict((step, value) for step, value in selection["evaluations"])
+    best, last_step = selection["best_step"], selection["evaluations"][-1][0]
+    listed = ", ".join(f"step {step}: {value:.4f}" for step, value in selection["evaluations"])
+    return (f"\nTeacher: dev {selection['metric']} scored while fine-tuning ({listed}); the best, step {best} "
+            f"({scores[best]:.4f}), is kept. Plain fine-tuning for the same budget would ship the last step's model "
+            f"(step {last_step}: {selection['last']:.4f}).\n")
 
 
 def _stage_table(stages: dict[str, float]) -> str:

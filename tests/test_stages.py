@@ -43,6 +43,11 @@ def test_the_teacher_keeps_its_best_scored_weights(finished_run):
     assert selection["metric"] == "accuracy" and [step for step, _ in selection["evaluations"]] == [2]
     assert record["dev"]["accuracy"] == pytest.approx(selection["evaluations"][0][1])
     assert not (out / "teacher" / "best").exists()  # kept until the stage is done, then removed
+    # The report says what was kept against what plain fine-tuning (the last step) gives.
+    report = (out / "report.md").read_text()
+    value = selection["evaluations"][0][1]
+    assert f"step 2: {value:.4f}" in report and f"the best, step 2 ({value:.4f}), is kept" in report
+    assert json.loads((out / "report.json").read_text())["teacher"]["selection"] == selection
 
 
 def test_a_new_temperature_reruns_the_prediction_step_only(finished_run):
