@@ -2,6 +2,7 @@
 
     python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
                                      [--student DIR]
+    python run_distill.py seeds      [--seeds 42 43 44] [pipeline's flags but --push-to-hub]
     python run_distill.py distill --stage general [--teacher ENCODER] [--corpus FILE|HUB ...] [--max-steps N]
                                      [--streaming] [--output-dir DIR]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import logging
 import signal
@@ -94,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 "and retained metric over the runs")
     _common(seeds)
     seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
-                       "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed)")
+                       "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed; OUTPUT_DIR defaults to the "
+                       "config's output_dir + '_seeds')")
     seeds.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune one "
                        "per seed")
     seeds.add_argument("--student", help="start every student from this checkpoint (overrides student.model)")
@@ -203,6 +206,8 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
         overrides = {k: v for k, v in overrides.items() if v is not None}
         overrides.update(set_overrides(args.set))  # explicit: null is a value here
         config = load_config(config_file, overrides, ignore_none=False)
+        if args.command == "seeds" and args.output_dir is None:  # beside the plain job's folder, not inside it
+            config = dataclasses.replace(config, output_dir=f"{config.output_dir}_seeds")
         _setup_logging(Path(config.output_dir))
         return COMMANDS[args.command](config, args)
     except KnownErrors() as error:
@@ -375,7 +380,8 @@ def run_augment_command(config, args) -> int:
     return 0
 
 
-COMMANDS = {"pipeline": run_pipeline_command, "seeds": run_seeds_command, "distill": run_distill_command, "benchmark": run_benchmark_command,
+COMMANDS = {"pipeline": run_pipeline_command, "seeds": run_seeds_command, "distill": run_distill_command,
+            "benchmark": run_benchmark_command,
             "sweep": run_sweep_command, "export": run_export_command,
             "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
 

@@ -223,20 +223,32 @@ STARTED_FILE = "started.json"
 
 
 def mark_stage_started(directory: Path) -> None:
-    """Note when the stage in ``directory`` started running in this process (``started.json``): its
-    :func:`mark_stage_done` then records ``seconds``, the wall time from there. A resumed stage counts from its
-    resume; a stage skipped as finished does not call this."""
+    """Note when the stage in ``directory`` started running in this process (``started.json``, wall-clock seconds):
+    its :func:`mark_stage_done` then records ``seconds``, the wall time from there. A stage that resumes the
+    unfinished work of an earlier process counts from its resume and is recorded as ``resumed``; a stage skipped as
+    finished does not call this."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(directory / STARTED_FILE, {"started_at": time.time()})
+    started = directory / STARTED_FILE
+    resumed = started.is_file() and not (directory / STAGE_FILE).is_file()
+    write_json_atomic(started, {"started_at": time.time(), "resumed": resumed})
 
 
 def mark_stage_done(directory: Path, run_id: str, results: dict | None = None) -> dict:
-    """Record that the stage in ``directory`` finished; written last and atomically. With a ``started.json``
-    (:func:`mark_stage_started`) the record gets ``seconds``, wall time since then, unless the results give it."""
+    """Record that the stage in ``directory`` finished; written last and atomically.
+
+    With a ``started.json`` (:func:`mark_stage_started`) the record gets ``seconds`` (wall time since then, unless
+    the results give it) and ``resumed``. The timing is best-effort: an unreadable ``started.json`` is logged and
+    left out, never a reason to lose the finished stage."""
     record = {"run_id": run_id, **(results or {})}
     started = directory / STARTED_FILE
     if "seconds" not in record and started.is_file():
-        record["seconds"] = round(time.time() - json.loads(started.read_text(encoding="utf-8"))["started_at"], 1)
+        try:
+            start = json.loads(started.read_text(encoding="utf-8"))
+            record["seconds"] = round(time.time() - float(start["started_at"]), 1)
+            record["resumed"] = bool(start.get("resumed", False))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            logger.warning("%s: cannot read %s (%s); the stage's wall time is not recorded", directory, STARTED_FILE,
+                           error)
     write_json_atomic(directory / STAGE_FILE, record)
     return record
 

@@ -32,7 +32,6 @@ from augment import (
     load_shards,
 )
 from distill.card import describe_init, push_to_hub, recipe_lines, student_card
-from distill.preflight import preflight
 from distill.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict
 from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
@@ -50,6 +49,7 @@ from distill.general import (
 )
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
+from distill.preflight import preflight
 from distill.report import build_report, count_parameters, size_mb, stage_seconds, time_models, write_report
 from distill.stages import STAGES, ConfigView
 from distill.trainer import train
@@ -318,6 +318,12 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
     return train_set.add_column("teacher_logits", cached["teacher_logits"])
 
 
+def stages_used(config: PipelineConfig) -> list[str]:
+    """The stage folders a job with this config runs or reuses (for its report's stage times)."""
+    augment = ["mlm"] * (config.mlm.model is None) + ["augmented"] if config.augment.enabled else []
+    return ["teacher", *augment, "general", "student_intermediate", "teacher_logits", "student"]
+
+
 def report_stage(config: PipelineConfig, teacher_record: dict, student_record: dict, out: Path, *,
                  device: torch.device) -> dict:
     """Time teacher and student interleaved on the CPU (and on ``device`` too when it is an accelerator) and write
@@ -338,7 +344,7 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
             entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
             entries[name].update(values)
     report = build_report(entries, config.report, accelerator=device.type if is_accelerator(device) else None,
-                          stages=stage_seconds(out))
+                          stages=stage_seconds(out, stages_used(config)))
     write_report(report, out)
     return report
 

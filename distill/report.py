@@ -92,22 +92,37 @@ STAGE_NAMES = {"teacher": "teacher", "mlm": "masked LM", "augmented": "augmentat
                "student": "prediction step"}
 
 
-def stage_seconds(output_dir: Path) -> dict[str, float]:
-    """Wall time of each finished stage of a pipeline output folder, in seconds, from the stages' records (the
-    process that finished the stage; general distillation: when it was made, possibly by another job that shares
-    the cache). Stages without a recorded time (skipped, given, or finished by an older version) are left out."""
+def stage_seconds(output_dir: Path, stages: list[str]) -> dict[str, dict]:
+    """Wall time of each finished stage of a pipeline output folder, from the stages' records.
+
+    Args:
+        output_dir: the pipeline's output folder.
+        stages: the stage folders this run used, in :data:`STAGE_NAMES` (a folder left from an earlier run with
+            other settings, e.g. ``augmented/`` after augmentation was turned off, is not counted).
+
+    Returns:
+        {stage: {"seconds": wall seconds of the process that finished it, "resumed": whether that process resumed
+        an earlier one's work}}, in :data:`STAGE_NAMES` order. General distillation: the time it took when it was
+        made, possibly by another job that shares the cache. Stages without a recorded time (given, or finished by
+        an older version) are left out.
+
+    Raises:
+        ValueError: a name in ``stages`` is not a stage folder.
+    """
+    unknown = set(stages) - set(STAGE_NAMES)
+    if unknown:
+        raise ValueError(f"not stage folders: {sorted(unknown)}; known: {list(STAGE_NAMES)}")
     found = {}
-    for folder in STAGE_NAMES:
-        record = (Path(output_dir) / ("general.json" if folder == "general" else f"{folder}/stage.json"))
-        if record.is_file():
-            seconds = json.loads(record.read_text(encoding="utf-8")).get("seconds")
-            if seconds is not None:
-                found[folder] = float(seconds)
+    for folder in (name for name in STAGE_NAMES if name in stages):
+        path = Path(output_dir) / ("general.json" if folder == "general" else f"{folder}/stage.json")
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if record.get("seconds") is not None:
+            found[folder] = {"seconds": float(record["seconds"]), "resumed": bool(record.get("resumed", False))}
     return found
 
 
 def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher",
-                 accelerator: str | None = None, stages: dict[str, float] | None = None) -> dict:
+                 accelerator: str | None = None, stages: dict[str, dict] | None = None) -> dict:
     """Add ratios to the reference model (smaller by, faster by on the CPU, metric retained) and the timing setup
     (``accelerator``: the device type of the extra timings, if any; ``stages``: :func:`stage_seconds`)."""
     base = entries[reference]
@@ -139,8 +154,9 @@ def _retained(metrics: dict, reference: dict) -> float | None:
 
 def write_report(report: dict, output_dir: Path) -> None:
     """Write ``report.json`` (one entry per model: its dev metrics such as ``accuracy``, ``num_parameters``,
-    ``size_mb``, ``latency_ms`` per batch size, ``samples_per_s``, ratios to the teacher and the timing setup) and
-    ``report.md`` (the same as a table)."""
+    ``size_mb``, ``latency_ms`` per batch size, ``samples_per_s``, ratios to the teacher, the timing setup with
+    ``stage_seconds`` (:func:`stage_seconds`), and for a teacher fine-tuned with model selection its ``selection``:
+    dev scores while training, best step, last step's score) and ``report.md`` (the same as tables and notes)."""
     flat = {}
     for name, entry in report["models"].items():
         largest = max(report["timing"]["batch_sizes"])
@@ -195,12 +211,19 @@ def _selection_note(selection: dict) -> str:
             f"(step {last_step}: {selection['last']:.4f}).\n")
 
 
-def _stage_table(stages: dict[str, float]) -> str:
+def task_seconds(stages: dict[str, dict]) -> float:
+    """Wall seconds of a job's task stages (:func:`stage_seconds`), general distillation left out: it is made once
+    and reused by every task."""
+    return sum(entry["seconds"] for name, entry in stages.items() if name != "general")
+
+
+def _stage_table(stages: dict[str, dict]) -> str:
     if not stages:
         return ""
-    rows = [f"| {STAGE_NAMES[name]} | {seconds / 60:.1f} |" for name, seconds in stages.items()]
-    total = sum(seconds for name, seconds in stages.items() if name != "general")
-    return ("\n| stage | wall time (min) |\n|---|---|\n" + "\n".join(rows) + f"\n| task stages in all | {total / 60:.1f} |\n"
+    rows = [f"| {STAGE_NAMES[name]}{' (resumed)' if entry['resumed'] else ''} | {entry['seconds'] / 60:.1f} |"
+            for name, entry in stages.items()]
+    return ("\n| stage | wall time (min) |\n|---|---|\n" + "\n".join(rows)
+            + f"\n| task stages in all | {task_seconds(stages) / 60:.1f} |\n"
             "\nWall time of the process that finished each stage (a resumed stage counts from its resume)"
             + ("; general distillation was made once, when first needed, and is reused from its cache by every task, so "
                "it is not in the total." if "general" in stages else ".") + "\n")

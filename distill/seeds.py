@@ -21,6 +21,7 @@ import torch
 from distill.checkpoint import write_json_atomic
 from distill.config import ConfigError, PipelineConfig, from_dict, to_dict
 from distill.pipeline import run_pipeline
+from distill.report import task_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,16 @@ SEEDED_SECTIONS = ("teacher.train", "mlm.train", "augment", "distill.intermediat
 
 
 def seeded(config: PipelineConfig, seed: int, output_dir: Path) -> PipelineConfig:
-    """``config`` with ``seed`` in every section of :data:`SEEDED_SECTIONS` and its output in ``output_dir``."""
+    """``config`` with ``seed`` in every section of :data:`SEEDED_SECTIONS` and its output in ``output_dir``.
+
+    Raises:
+        ConfigError: ``export.push_to_hub`` is set: each seed makes its own student, and they would overwrite one
+            another in the same repository.
+    """
+    if config.export.push_to_hub:
+        raise ConfigError(f"export.push_to_hub ({config.export.push_to_hub!r}): a seeds run makes one student per seed. "
+                          "Leave it unset, then upload the student you pick with `python run_distill.py pipeline "
+                          "--config DIR/seed-N/config.json --push-to-hub REPO` (its finished stages are reused)")
     data = to_dict(config)
     for section in SEEDED_SECTIONS:
         node = data
@@ -48,21 +58,23 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
         config: the job; its ``output_dir`` holds one folder per seed and the summary.
         seeds: distinct seeds, e.g. ``[42, 43, 44]`` (42 is every stage's default, so its run is the plain job's).
         device: as :func:`distill.pipeline.run_pipeline`.
-        command: the command line, for the model cards and the summary.
+        command: the command line, for the summary (each seed's model card gets the command that reruns that seed).
 
     Returns:
         The summary written to ``seeds.json``.
 
     Raises:
-        ConfigError: no seed, or a seed given twice.
+        ConfigError: no seed, a seed given twice, or ``export.push_to_hub`` set (:func:`seeded`); and whatever
+            :func:`distill.pipeline.run_pipeline` raises for a run (the runs finished before it are kept).
     """
     if not seeds or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--seeds: give distinct seeds, e.g. --seeds 42 43 44 (got {seeds})")
+        raise ConfigError(f"seeds: give distinct seeds, e.g. 42 43 44 (got {seeds})")
     base = Path(config.output_dir)
+    configs = {seed: seeded(config, seed, base / f"seed-{seed}") for seed in seeds}  # every check before any run
     reports = {}
-    for number, seed in enumerate(seeds, 1):
-        logger.info("=== seed %d (%d of %d) -> %s", seed, number, len(seeds), base / f"seed-{seed}")
-        reports[seed] = run_pipeline(seeded(config, seed, base / f"seed-{seed}"), device, command=command)
+    for number, (seed, run_config) in enumerate(configs.items(), 1):
+        logger.info("=== seed %d (%d of %d) -> %s", seed, number, len(seeds), run_config.output_dir)
+        reports[seed] = run_pipeline(run_config, device)
     summary = summarize(reports)
     summary["command"] = command
     write_json_atomic(base / "seeds.json", summary)
@@ -72,7 +84,12 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
 
 def _spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _retained(student: float, teacher: float) -> float | None:
+    """Student / teacher; None where the ratio means nothing (a teacher metric at or below 0, e.g. a correlation)."""
+    return student / teacher if teacher > 0 else None
 
 
 def summarize(reports: dict[int, dict]) -> dict:
@@ -82,33 +99,38 @@ def summarize(reports: dict[int, dict]) -> dict:
         reports: {seed: the report :func:`distill.pipeline.run_pipeline` returns}.
 
     Returns:
-        {"seeds": [...], "metrics": [names, primary first], "runs": {seed: {"teacher": {metric: value}, "student":
-        {...}, "retained": {...}, "task_minutes": float}}, "over_seeds": {"teacher" | "student" | "retained":
-        {metric: {"mean", "std", "min", "max"}}, "task_minutes": {...}}}. ``std`` is the sample standard deviation
-        (n - 1); 0 for one seed. ``task_minutes`` leaves out general distillation, made once and reused.
+        {"seeds": [...], "metrics": [names, primary first], "runs": [{"seed", "teacher": {metric: value},
+        "student": {...}, "retained": {metric: value or None}, "task_minutes", "resumed"}, ...], "over_seeds":
+        {"teacher" | "student" | "retained": {metric: {"mean", "std", "min", "max", "n"}}, "task_minutes": {...}}}.
+        ``std`` is the sample standard deviation (n - 1), 0 for one seed; ``n`` counts the runs with a value
+        (retained is left out where the teacher's metric is at or below 0). ``task_minutes`` leaves out general
+        distillation, made once and reused; ``resumed``: a stage of the run resumed an interrupted process, so its
+        time counts from the resume.
     """
-    runs = {}
+    runs = []
     for seed, report in reports.items():
         teacher, student = report["models"]["teacher"]["dev"], report["models"]["student"]["dev"]
         stages = report["timing"].get("stage_seconds", {})
-        runs[seed] = {"teacher": dict(teacher), "student": dict(student),
-                      "retained": {m: student[m] / teacher[m] if teacher[m] else None for m in teacher},
-                      "task_minutes": sum(s for name, s in stages.items() if name != "general") / 60}
-    metrics = list(next(iter(runs.values()))["teacher"])
-    over = {role: {m: _spread([run[role][m] for run in runs.values()]) for m in metrics
-                   if all(run[role][m] is not None for run in runs.values())}
-            for role in ("teacher", "student", "retained")}
-    over["task_minutes"] = _spread([run["task_minutes"] for run in runs.values()])
+        runs.append({"seed": seed, "teacher": dict(teacher), "student": dict(student),
+                     "retained": {m: _retained(student[m], teacher[m]) for m in teacher},
+                     "task_minutes": task_seconds(stages) / 60,
+                     "resumed": any(entry["resumed"] for entry in stages.values())})
+    metrics = list(runs[0]["teacher"])
+    over = {}
+    for role in ("teacher", "student", "retained"):
+        values = {m: [run[role][m] for run in runs if run[role][m] is not None] for m in metrics}
+        over[role] = {m: _spread(found) for m, found in values.items() if found}
+    over["task_minutes"] = _spread([run["task_minutes"] for run in runs])
     return {"seeds": list(reports), "metrics": metrics, "runs": runs, "over_seeds": over}
 
 
-def _show(spread: dict | None, scale: float, unit: str, digits: int, low_high: bool) -> str:
+def _show(spread: dict | None, low_high: bool, scale: float = 1.0, unit: str = "", digits: int = 4) -> str:
     """A spread (:func:`_spread`) as "mean ± sd" or as "min-max"; "-" for none."""
     if spread is None:
         return "-"
     if low_high:
         return f"{scale * spread['min']:.{digits}f}{unit}-{scale * spread['max']:.{digits}f}{unit}"
-    return f"{scale * spread['mean']:.{digits}f}{unit} ± {scale * spread['std']:.{digits}f}"
+    return f"{scale * spread['mean']:.{digits}f}{unit} ± {scale * spread['std']:.{digits}f}{unit}"
 
 
 def seeds_markdown(summary: dict) -> str:
@@ -117,22 +139,21 @@ def seeds_markdown(summary: dict) -> str:
     header = ["seed", *[f"teacher {m}" for m in metrics], *[f"student {m}" for m in metrics],
               *[f"retained {m}" for m in metrics], "task stages (min)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-
-    def cells(get_metric, get_retained, minutes) -> list[str]:
-        return [*[get_metric("teacher", m) for m in metrics], *[get_metric("student", m) for m in metrics],
-                *[get_retained(m) for m in metrics], minutes]
-
-    for seed, run in summary["runs"].items():
-        percent = lambda m: "-" if run["retained"][m] is None else f"{100 * run['retained'][m]:.1f}%"
-        lines.append("| " + " | ".join([str(seed), *cells(lambda role, m: f"{run[role][m]:.4f}", percent,
-                                                           f"{run['task_minutes']:.1f}")]) + " |")
-    over = summary["over_seeds"]
+    for run in summary["runs"]:
+        retained = ["-" if run["retained"][m] is None else f"{100 * run['retained'][m]:.1f}%" for m in metrics]
+        minutes = f"{run['task_minutes']:.1f}" + (" (resumed)" if run["resumed"] else "")
+        lines.append("| " + " | ".join([str(run["seed"]), *[f"{run['teacher'][m]:.4f}" for m in metrics],
+                                        *[f"{run['student'][m]:.4f}" for m in metrics], *retained, minutes]) + " |")
+    over, runs = summary["over_seeds"], len(summary["runs"])
     for label, low_high in (("mean ± sd", False), ("range", True)):
-        show = lambda s, scale=1.0, unit="", digits=4: _show(s, scale, unit, digits, low_high)
-        row = cells(lambda role, m: show(over[role].get(m)), lambda m: show(over["retained"].get(m), 100, "%", 1),
-                    show(over["task_minutes"], digits=1))
-        lines.append("| " + " | ".join([label, *row]) + " |")
-    return ("\n".join(lines) + f"\n\n{len(summary['seeds'])} runs of the same job, one per seed (every task stage's "
-            "seed); retained is the student's dev metric over its own run's teacher's, averaged over runs; sd is the "
-            "sample standard deviation. Task stages: wall time of the stages each run ran, general distillation left "
-            "out (made once, reused).\n" + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))
+        cells = [_show(over[role].get(m), low_high) for role in ("teacher", "student") for m in metrics]
+        for m in metrics:
+            spread = over["retained"].get(m)
+            cells.append(_show(spread, low_high, 100, "%", 1)
+                         + (f" (n={spread['n']})" if spread is not None and spread["n"] < runs else ""))
+        lines.append("| " + " | ".join([label, *cells, _show(over["task_minutes"], low_high, digits=1)]) + " |")
+    note = (f"\n\n{runs} runs of the same job, one per seed (every task stage's seed); retained is the student's dev "
+            "metric over its own run's teacher's (left out where the teacher's is at or below 0; n counts the runs "
+            "that have it); sd is the sample standard deviation. Task stages: wall time of the stages each run ran, "
+            "general distillation left out (made once, reused); a resumed stage counts from its resume.\n")
+    return "\n".join(lines) + note + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else "")

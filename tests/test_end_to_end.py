@@ -53,13 +53,16 @@ def test_report_gives_the_wall_time_of_every_stage_that_ran(smoke_run):
     out, result = smoke_run
     stages = json.loads((out / "report.json").read_text())["student"]["timing"]["stage_seconds"]
     assert list(stages) == ["teacher", "mlm", "augmented", "general", "student_intermediate", "teacher_logits", "student"]
-    assert stages.pop("general") == json.loads((out / "general.json").read_text())["seconds"] > 0  # maybe made earlier
-    for name, seconds in stages.items():
-        assert seconds == json.loads((out / name / "stage.json").read_text())["seconds"] and seconds > 0, name
+    assert stages.pop("general")["seconds"] == json.loads((out / "general.json").read_text())["seconds"]  # maybe made earlier
+    for name, entry in stages.items():
+        record = json.loads((out / name / "stage.json").read_text())
+        assert entry == {"seconds": record["seconds"], "resumed": False} and entry["seconds"] >= 0, name
+    assert stages["teacher"]["seconds"] > 0
     # Disjoint intervals of one process: together they fit in the command's own wall time.
-    assert sum(stages.values()) < result.wall_seconds
+    total = sum(entry["seconds"] for entry in stages.values())
+    assert total < result.wall_seconds
     table = (out / "report.md").read_text()
-    assert "| intermediate step |" in table and f"| task stages in all | {sum(stages.values()) / 60:.1f} |" in table
+    assert "| intermediate step |" in table and f"| task stages in all | {total / 60:.1f} |" in table
 
 
 def test_saved_student_reloads_to_the_same_logits_and_runs_in_a_pipeline(smoke_run):

@@ -121,6 +121,12 @@ def test_pipeline_killed_in_every_stage_ends_as_an_uninterrupted_run(assets, tmp
     assert rows(killed) == rows(reference)
     dev = lambda out: json.loads((out / "student" / "stage.json").read_text())["dev"]
     assert dev(killed) == dev(reference)
+    # Each stage's record says whether the process that finished it resumed another's work (its time counts from there).
+    resumed = lambda out: {stage: json.loads((out / stage / "stage.json").read_text())["resumed"]
+                           for stage in ("teacher", "mlm", "augmented", "student_intermediate", "teacher_logits", "student")}
+    assert not any(resumed(reference).values())
+    assert resumed(killed) == {"teacher": True, "mlm": True, "augmented": True, "student_intermediate": True,
+                               "teacher_logits": False, "student": True}
 
 
 def test_general_distillation_killed_resumes_to_the_same_student(assets, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,27 +15,46 @@ from transformers import BertTokenizer
 
 import run_distill
 from distill.config import load_config
-from distill.seeds import SEEDED_SECTIONS, run_seeds, summarize
+from distill.seeds import SEEDED_SECTIONS, run_seeds, seeds_markdown, summarize
 from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def _report(teacher: float, student: float, seconds: dict) -> dict:
-    return {"models": {"teacher": {"dev": {"accuracy": teacher}}, "student": {"dev": {"accuracy": student}}},
-            "timing": {"stage_seconds": seconds}}
+
+def _report(teacher: dict, student: dict, seconds: dict, resumed: tuple = ()) -> dict:
+    stages = {name: {"seconds": value, "resumed": name in resumed} for name, value in seconds.items()}
+    return {"models": {"teacher": {"dev": teacher}, "student": {"dev": student}}, "timing": {"stage_seconds": stages}}
 
 
 def test_summary_by_hand():
-    summary = summarize({1: _report(0.8, 0.76, {"teacher": 60, "general": 600, "student": 120}),
-                         2: _report(0.9, 0.81, {"teacher": 120, "student": 180})})
-    assert summary["runs"][1]["retained"]["accuracy"] == pytest.approx(0.95)
-    assert summary["runs"][2]["retained"]["accuracy"] == pytest.approx(0.9)
+    summary = summarize({1: _report({"accuracy": 0.8}, {"accuracy": 0.76}, {"teacher": 60, "general": 600, "student": 120}),
+                         2: _report({"accuracy": 0.9}, {"accuracy": 0.81}, {"teacher": 120, "student": 180}, ("student",))})
+    runs = summary["runs"]
+    assert [run["seed"] for run in runs] == [1, 2] and [run["resumed"] for run in runs] == [False, True]
+    assert [run["retained"]["accuracy"] for run in runs] == [pytest.approx(0.95), pytest.approx(0.9)]
     retained = summary["over_seeds"]["retained"]["accuracy"]
     assert retained["mean"] == pytest.approx(0.925) and retained["std"] == pytest.approx(0.05 / math.sqrt(2))
-    assert (retained["min"], retained["max"]) == (pytest.approx(0.9), pytest.approx(0.95))
+    assert (retained["min"], retained["max"], retained["n"]) == (pytest.approx(0.9), pytest.approx(0.95), 2)
     assert summary["over_seeds"]["student"]["accuracy"]["mean"] == pytest.approx(0.785)
     # General distillation (made once, reused) is not part of a run's task time.
-    assert [run["task_minutes"] for run in summary["runs"].values()] == [3.0, 5.0]
+    assert [run["task_minutes"] for run in runs] == [3.0, 5.0]
     assert summary["over_seeds"]["task_minutes"]["mean"] == 4.0
+    table = seeds_markdown(summary)
+    assert "| mean ± sd | 0.8500 ± 0.0707 | 0.7850 ± 0.0354 | 92.5% ± 3.5% | 4.0 ± 1.4 |" in table
+    assert "| range | 0.8000-0.9000 | 0.7600-0.8100 | 90.0%-95.0% | 3.0-5.0 |" in table
+    assert "| 2 | 0.9000 | 0.8100 | 90.0% | 5.0 (resumed) |" in table
+
+
+def test_retained_is_left_out_where_the_teacher_metric_is_not_positive():
+    """A correlation can be 0 or negative: no ratio there, and the mean is over the runs that have one."""
+    summary = summarize({1: _report({"pearson": 0.8}, {"pearson": 0.6}, {}),
+                         2: _report({"pearson": -0.1}, {"pearson": 0.2}, {})})
+    assert summary["runs"][1]["retained"]["pearson"] is None
+    assert summary["over_seeds"]["retained"]["pearson"] == pytest.approx(
+        {"mean": 0.75, "std": 0.0, "min": 0.75, "max": 0.75, "n": 1})
+    assert summary["over_seeds"]["teacher"]["pearson"]["n"] == 2
+    table = seeds_markdown(summary)
+    assert "| 2 | -0.1000 | 0.2000 | - |" in table and "75.0% ± 0.0% (n=1)" in table
 
 
 def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
@@ -63,18 +83,23 @@ def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
     weights = [load_file(out / f"seed-{seed}" / "student" / "model.safetensors") for seed in (7, 8)]
     assert any(not (weights[0][k] == weights[1][k]).all() for k in weights[0])  # other seeds, other students
     # The summary is made of the runs' own records.
-    for seed in (7, 8):
-        teacher, student = records[seed]["teacher"]["dev"], records[seed]["student"]["dev"]
-        assert summary["runs"][seed]["retained"]["accuracy"] == pytest.approx(student["accuracy"] / teacher["accuracy"])
+    # The summary is made of the runs' own records, and seeds.json holds it as returned.
+    saved = json.loads((out / "seeds.json").read_text())
+    assert saved == summary and [run["seed"] for run in saved["runs"]] == [7, 8]
+    for run in saved["runs"]:
+        teacher, student = records[run["seed"]]["teacher"]["dev"], records[run["seed"]]["student"]["dev"]
+        assert run["student"] == student and run["retained"]["accuracy"] == pytest.approx(
+            student["accuracy"] / teacher["accuracy"])
     mean = statistics.fmean(records[s]["student"]["dev"]["accuracy"] for s in (7, 8))
-    assert summary["over_seeds"]["student"]["accuracy"]["mean"] == pytest.approx(mean)
-    assert json.loads((out / "seeds.json").read_text())["over_seeds"] == json.loads(json.dumps(summary["over_seeds"]))
+    assert saved["over_seeds"]["student"]["accuracy"]["mean"] == pytest.approx(mean)
     table = (out / "seeds.md").read_text()
-    assert table.count("\n| 7 |") == 1 and f"| mean ± sd | {summary['over_seeds']['teacher']['accuracy']['mean']:.4f}" in table
+    assert table.count("\n| 7 |") == 1 and f"| mean ± sd | {saved['over_seeds']['teacher']['accuracy']['mean']:.4f}" in table
 
 
-def test_a_seed_given_twice_is_refused_before_anything_runs(tmp_path, capsys):
-    code = run_distill.main(["seeds", "--config", "configs/smoke.yaml", "--output-dir", str(tmp_path / "x"),
-                             "--seeds", "1", "1"])
-    assert code == 2 and "distinct seeds" in capsys.readouterr().err
-    assert not (tmp_path / "x" / "seed-1").exists()
+@pytest.mark.parametrize("flags, message", [(["--seeds", "1", "1"], "distinct seeds"),
+                                           (["--set", "export.push_to_hub=me/student"], "one student per seed")])
+def test_a_bad_seeds_run_is_refused_before_anything_runs(tmp_path, capsys, flags, message):
+    code = run_distill.main(["seeds", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir",
+                             str(tmp_path / "x"), *flags])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not list((tmp_path / "x").glob("seed-*"))
