@@ -456,9 +456,24 @@ def load_config(
         data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the config must be a YAML mapping, got {type(data).__name__}")
-    for dotted, value in (overrides or {}).items():
-        if value is None and ignore_none:
-            continue
+    _apply_overrides(data, {k: v for k, v in (overrides or {}).items() if v is not None or not ignore_none})
+    return from_dict(PipelineConfig, data)
+
+
+def with_overrides(config: PipelineConfig, overrides: dict[str, Any]) -> PipelineConfig:
+    """``config`` with dotted ``overrides`` applied (as :func:`load_config` applies them to a file), validated anew.
+
+    Raises:
+        ConfigError: unknown field, wrong type or out-of-range value, naming the field path.
+    """
+    data = to_dict(config)
+    _apply_overrides(data, overrides)
+    return from_dict(PipelineConfig, data)
+
+
+def _apply_overrides(data: dict, overrides: dict[str, Any]) -> None:
+    """Set each dotted path of ``overrides`` in the plain-data config ``data``, making sections as needed."""
+    for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:
@@ -466,7 +481,6 @@ def load_config(
             if not isinstance(node, dict):
                 raise ConfigError(f"{dotted}: {part} is not a section, so it has no field {leaf!r}")
         node[leaf] = value
-    return from_dict(PipelineConfig, data)
 
 
 def to_dict(config: Any) -> dict:

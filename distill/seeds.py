@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from distill.checkpoint import write_json_atomic
-from distill.config import ConfigError, PipelineConfig, from_dict, to_dict
+from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.pipeline import run_pipeline
 from distill.report import task_seconds
 
@@ -40,14 +40,8 @@ def seeded(config: PipelineConfig, seed: int, output_dir: Path) -> PipelineConfi
         raise ConfigError(f"export.push_to_hub ({config.export.push_to_hub!r}): a seeds run makes one student per seed. "
                           "Leave it unset, then upload the student you pick with `python run_distill.py pipeline "
                           "--config DIR/seed-N/config.json --push-to-hub REPO` (its finished stages are reused)")
-    data = to_dict(config)
-    for section in SEEDED_SECTIONS:
-        node = data
-        for part in section.split("."):
-            node = node[part]
-        node["seed"] = seed
-    data["output_dir"] = str(output_dir)
-    return from_dict(PipelineConfig, data)
+    return with_overrides(config, {**{f"{section}.seed": seed for section in SEEDED_SECTIONS},
+                                   "output_dir": str(output_dir)})
 
 
 def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | None = None,
