@@ -64,6 +64,7 @@ class TrainConfig:
     log_steps: int = 20  # write a log line every this many optimizer steps
     mixed_precision: str = "no"  # "no", "bf16" or "fp16" (accelerate)
     seed: int = 42  # data order, dropout and initialisation
+    group_by_length: bool = False  # batches of examples of similar length (less padding, same examples per epoch)
 
     def __post_init__(self) -> None:
         _check(self.num_epochs > 0, "num_epochs", f"must be > 0, got {self.num_epochs}")
@@ -488,7 +489,22 @@ def to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
 
 
+# Settings added after run ids were in use, with the value that means the behaviour from before them: at that value
+# they stay out of every fingerprint, so outputs made before the setting existed keep their run ids.
+ADDED_SETTINGS = {"group_by_length": False}
+
+
+def _without_added_defaults(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_added_defaults(v) for k, v in value.items()
+                if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
+    if isinstance(value, (list, tuple)):
+        return [_without_added_defaults(v) for v in value]
+    return value
+
+
 def fingerprint(*parts: Any) -> str:
-    """A short stable hash of config dataclasses / plain data, used to tell one run's outputs from another's."""
-    plain = [to_dict(p) if dataclasses.is_dataclass(p) else p for p in parts]
+    """A short stable hash of config dataclasses / plain data, used to tell one run's outputs from another's.
+    A setting of :data:`ADDED_SETTINGS` at its old-behaviour value is left out, wherever it is nested."""
+    plain = _without_added_defaults([to_dict(p) if dataclasses.is_dataclass(p) else p for p in parts])
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -24,10 +24,11 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import datasets
 import numpy as np
+import pyarrow.compute
 import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import gather_object, is_tensorboard_available
@@ -93,16 +94,32 @@ def stop_on_signal():
             signal.signal(number, old)
 
 
+# With group_by_length: examples are sorted by length within groups of this many global batches of the epoch's shuffle.
+LENGTH_GROUP_BATCHES = 50
+
+
 class EpochBatchSampler(Sampler[list[int]]):
     """Batches of a seeded permutation per epoch, starting at a given batch: the data position is resumable.
 
     With several processes each takes its share of every global batch (rank::world_size), so the global batch is
     ``batch_size · world_size`` examples and the data order does not depend on the number of processes.
+
+    With ``lengths`` (tokens per example) the batches are grouped by length, as ``group_by_length`` does in the
+    Hugging Face Trainer: the epoch's permutation is cut into groups of :data:`LENGTH_GROUP_BATCHES` global batches,
+    each group is sorted by length (longest first) and cut into batches, and the batches are shuffled, the one holding
+    the longest example first (an out-of-memory error shows at the first step). An epoch still visits every example
+    once, in batches of the same sizes; a batch pads to a length close to its examples' own, where a random batch pads
+    to the longest of 32 random examples (1.5x the real tokens on MRPC, 2.5x on STS-B, 3x on SST-2 with MiniLM's
+    tokenizer).
     """
 
-    def __init__(self, num_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, num_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
+                 lengths: Sequence[int] | None = None):
+        if lengths is not None and len(lengths) != num_examples:
+            raise ValueError(f"lengths: {len(lengths)} values for {num_examples} examples")
         self.num_examples, self.batch_size, self.seed = num_examples, batch_size, seed
         self.rank, self.world_size = rank, world_size
+        self.lengths = None if lengths is None else torch.as_tensor(lengths, dtype=torch.long)
         self.epoch, self.start_batch = 0, 0
 
     def set_position(self, epoch: int, start_batch: int) -> None:
@@ -114,12 +131,27 @@ class EpochBatchSampler(Sampler[list[int]]):
     def batches_per_epoch(self) -> int:
         return math.ceil(self.num_examples / (self.batch_size * self.world_size))
 
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
-        order = torch.randperm(self.num_examples, generator=generator).tolist()
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        """Every global batch of ``epoch`` in order (example indices), a pure function of seed and epoch."""
+        generator = torch.Generator().manual_seed(self.seed * 1000 + epoch)
+        order = torch.randperm(self.num_examples, generator=generator)
         global_batch = self.batch_size * self.world_size
-        for b in range(self.start_batch, self.batches_per_epoch()):
-            chunk = order[b * global_batch : (b + 1) * global_batch]
+        if self.lengths is None:
+            return [order[b : b + global_batch].tolist() for b in range(0, self.num_examples, global_batch)]
+        group = global_batch * LENGTH_GROUP_BATCHES
+        batches = []
+        for g in range(0, self.num_examples, group):
+            members = order[g : g + group]
+            # Longest first; ties keep their shuffled order (a stable sort), so the batches depend on the seed only.
+            members = members[torch.sort(self.lengths[members], descending=True, stable=True).indices]
+            batches += [members[b : b + global_batch].tolist() for b in range(0, len(members), global_batch)]
+        longest = max(range(len(batches)), key=lambda b: int(self.lengths[batches[b][0]]))
+        rest = [b for b in range(len(batches)) if b != longest]
+        rest = [rest[i] for i in torch.randperm(len(rest), generator=generator).tolist()]
+        return [batches[b] for b in [longest, *rest]]
+
+    def __iter__(self):
+        for chunk in self.global_batches(self.epoch)[self.start_batch :]:
             yield chunk[self.rank :: self.world_size] or chunk[:1]
 
 
@@ -417,6 +449,20 @@ def _allow_new_mixed_precision(mixed_precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
+def example_lengths(dataset) -> list[int]:
+    """Tokens per example of a tokenized dataset (its ``input_ids``), for ``group_by_length``.
+
+    Raises:
+        ConfigError: the dataset has no ``input_ids`` to measure.
+    """
+    names = getattr(dataset, "column_names", None) or []
+    if "input_ids" not in names:
+        raise ConfigError("group_by_length: the training data has no input_ids column to group by; set "
+                          "group_by_length: false for this step")
+    column = dataset.with_format("arrow")["input_ids"]
+    return pyarrow.compute.list_value_length(column).to_pylist()
+
+
 class _Batches:
     """The batches of each epoch from an indexable dataset (seeded shuffle) or a streamed one (in order)."""
 
@@ -431,7 +477,8 @@ class _Batches:
             self.num_examples = 0
             return
         self.num_examples = len(dataset)
-        self.sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, rank, world)
+        lengths = example_lengths(dataset) if config.group_by_length else None
+        self.sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, rank, world, lengths)
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator())
 

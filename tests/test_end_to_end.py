@@ -1,6 +1,7 @@
 """The real CLI on configs/smoke.yaml: real MiniLM weights, the bundled SST-2 sample, a few steps per stage."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,7 +54,10 @@ def test_report_gives_the_wall_time_of_every_stage_that_ran(smoke_run):
     out, result = smoke_run
     stages = json.loads((out / "report.json").read_text())["student"]["timing"]["stage_seconds"]
     assert list(stages) == ["teacher", "mlm", "augmented", "general", "student_intermediate", "teacher_logits", "student"]
-    assert stages.pop("general")["seconds"] == json.loads((out / "general.json").read_text())["seconds"]  # maybe made earlier
+    general = json.loads((out / "general.json").read_text())
+    assert stages.pop("general")["seconds"] == general["seconds"]  # maybe made earlier
+    # The general stage is kept in the suite's own cache (conftest), never in the user's ~/.cache.
+    assert Path(general["folder"]).is_relative_to(os.environ["TINYDISTILL_CACHE"])
     for name, entry in stages.items():
         record = json.loads((out / name / "stage.json").read_text())
         assert entry == {"seconds": record["seconds"], "resumed": False} and entry["seconds"] >= 0, name

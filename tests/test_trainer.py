@@ -11,7 +11,7 @@ from transformers import DataCollatorWithPadding
 from distill.checkpoint import CheckpointError
 from distill.config import ConfigError, TrainConfig
 from distill.objective import DistillationObjective, ModelLossObjective
-from distill.trainer import NonFiniteLossError, train
+from distill.trainer import EpochBatchSampler, NonFiniteLossError, train
 from tests.conftest import tiny_bert
 
 
@@ -363,3 +363,83 @@ def test_selection_resumes_to_the_same_best_weights(tmp_path, tiny_tokenizer):
     assert state.evaluations == expected.evaluations and state.best_step == expected.best_step
     for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def _varied_lengths(n: int, seed: int = 0) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(5, 120, (n,), generator=generator).tolist()
+
+
+def test_grouped_batches_visit_every_example_once_with_far_less_padding():
+    lengths = _varied_lengths(1000)
+    plain = EpochBatchSampler(1000, 32, seed=3)
+    grouped = EpochBatchSampler(1000, 32, seed=3, lengths=lengths)
+
+    def padded_tokens(batches):
+        return sum(max(lengths[i] for i in batch) * len(batch) for batch in batches)
+
+    for epoch in range(2):
+        batches = grouped.global_batches(epoch)
+        assert sorted(i for batch in batches for i in batch) == list(range(1000))
+        assert sorted(map(len, batches)) == sorted(map(len, plain.global_batches(epoch)))  # same batch sizes
+        # Random batches pad to the longest of 32 random examples; grouped ones to about their own length.
+        assert padded_tokens(batches) < 0.6 * padded_tokens(plain.global_batches(epoch))
+        assert padded_tokens(batches) < 1.1 * sum(lengths)
+        assert max(lengths[i] for i in batches[0]) == max(lengths)  # the longest batch first
+    assert grouped.global_batches(0) != grouped.global_batches(1)  # a new grouping every epoch
+    assert grouped.global_batches(0) == EpochBatchSampler(1000, 32, seed=3, lengths=lengths).global_batches(0)
+    assert grouped.global_batches(0) != EpochBatchSampler(1000, 32, seed=4, lengths=lengths).global_batches(0)
+
+
+def test_grouped_batches_resume_at_a_batch_and_split_across_processes():
+    lengths = _varied_lengths(200, seed=1)
+    whole = EpochBatchSampler(200, 8, seed=0, world_size=2, lengths=lengths)
+    expected = whole.global_batches(1)
+    ranks = [EpochBatchSampler(200, 8, seed=0, rank=r, world_size=2, lengths=lengths) for r in (0, 1)]
+    for sampler in ranks:
+        sampler.set_position(epoch=1, start_batch=5)
+    shares = [list(sampler) for sampler in ranks]
+    assert [a + b for a, b in zip(*shares)] != []
+    for b, (zero, one) in enumerate(zip(*shares)):
+        assert sorted(zero + one) == sorted(expected[5 + b])
+    with pytest.raises(ValueError, match="lengths: 3 values for 200 examples"):
+        EpochBatchSampler(200, 8, seed=0, lengths=[1, 2, 3])
+
+
+def test_without_grouping_the_batches_are_the_seeded_permutation_in_order():
+    """The plain order stays what earlier runs used (their run ids are kept too: see the fingerprint test)."""
+    order = torch.randperm(50, generator=torch.Generator().manual_seed(7 * 1000 + 2)).tolist()
+    assert EpochBatchSampler(50, 16, seed=7).global_batches(2) == [order[i:i + 16] for i in range(0, 50, 16)]
+
+
+def test_training_grouped_by_length_sees_the_same_examples_and_resumes_exactly(tmp_path, tiny_tokenizer):
+    config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=3, log_steps=1, seed=5,
+                         group_by_length=True)
+    reference = _distill_objective()
+    collate = _Pad(tiny_tokenizer)
+    seen = []
+    recording = lambda rows: (seen.append([len(r["input_ids"]) for r in rows]), collate(rows))[1]  # noqa: E731
+    train(reference, _data(), recording, config, tmp_path / "a", "run")
+    first_epoch = sorted(n for batch in seen[:5] for n in batch)
+    assert first_epoch == sorted(len(r) for r in _data()["input_ids"])
+    assert sum(max(b) - min(b) for b in seen[:5]) < sum(max(b) - min(b) for b in _plain_batches(config))
+
+    interrupted = _distill_objective()
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, _data(), _Pad(tiny_tokenizer, fail_after=4), config, tmp_path / "b", "run")
+    resumed = _distill_objective()
+    train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
+    for name, value in reference.trainable.state_dict().items():
+        torch.testing.assert_close(resumed.trainable.state_dict()[name], value, msg=name)
+
+
+def _plain_batches(config):
+    lengths = [len(r) for r in _data()["input_ids"]]
+    return [[lengths[i] for i in batch] for batch in EpochBatchSampler(24, config.batch_size, config.seed).global_batches(0)]
+
+
+def test_grouping_needs_token_ids_to_measure(tmp_path, tiny_tokenizer):
+    data = datasets.Dataset.from_dict({"features": [[0.0]] * 6, "labels": [0, 1] * 3})
+    config = TrainConfig(max_steps=1, batch_size=2, group_by_length=True)
+    with pytest.raises(ConfigError, match="no input_ids column to group by"):
+        train(_distill_objective(), data, _Pad(tiny_tokenizer), config, tmp_path, "run")
