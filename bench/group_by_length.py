@@ -86,16 +86,17 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start, len(indices)
 
-    for indices in plain[-args.warmup:] + grouped[-args.warmup:]:
+    steps = min(args.steps, len(plain) - 1 - args.warmup)  # timed: batches 1..steps; warm-up: the last ones
+    for indices in plain[len(plain) - args.warmup:] + grouped[len(grouped) - args.warmup:]:
         step(indices)
     seconds = {"random": 0.0, "grouped": 0.0}
     examples = {"random": 0, "grouped": 0}
-    for k in range(args.steps):
+    for k in range(steps):
         for name, batches in (("random", plain), ("grouped", grouped)):
             took, n = step(batches[k + 1])
             seconds[name] += took
             examples[name] += n
-        print(f"step {k + 1}/{args.steps}: random {seconds['random']:.1f} s, grouped {seconds['grouped']:.1f} s",
+        print(f"step {k + 1}/{steps}: random {seconds['random']:.1f} s, grouped {seconds['grouped']:.1f} s",
               flush=True)
     per_example = {name: seconds[name] / examples[name] for name in seconds}
     result = {
@@ -104,7 +105,7 @@ def main() -> None:
         "ms_per_example_random": round(1000 * per_example["random"], 2),
         "ms_per_example_grouped": round(1000 * per_example["grouped"], 2),
         "step_speedup": round(per_example["random"] / per_example["grouped"], 3),
-        "steps": args.steps, "threads": torch.get_num_threads(),
+        "steps": steps, "threads": torch.get_num_threads(),
     }
     print(f"{args.task}: random batches pad to {result['padding_random']}x the real tokens, grouped ones to "
           f"{result['padding_grouped']}x; a distillation step per example is {result['step_speedup']}x faster grouped")

@@ -490,14 +490,15 @@ def to_dict(config: Any) -> dict:
 
 
 # Settings added after run ids were in use, with the value that means the behaviour from before them: at that value
-# they stay out of every fingerprint, so outputs made before the setting existed keep their run ids.
+# they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
+# name at any depth: a name here must not be used by another config field.
 ADDED_SETTINGS = {"group_by_length": False}
 
 
 def _without_added_defaults(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_added_defaults(v) for k, v in value.items()
-                if not (k in ADDED_SETTINGS and v == ADDED_SETTINGS[k])}
+                if not (k in ADDED_SETTINGS and type(v) is type(ADDED_SETTINGS[k]) and v == ADDED_SETTINGS[k])}
     if isinstance(value, (list, tuple)):
         return [_without_added_defaults(v) for v in value]
     return value

@@ -102,15 +102,16 @@ class EpochBatchSampler(Sampler[list[int]]):
     """Batches of a seeded permutation per epoch, starting at a given batch: the data position is resumable.
 
     With several processes each takes its share of every global batch (rank::world_size), so the global batch is
-    ``batch_size · world_size`` examples and the data order does not depend on the number of processes.
+    ``batch_size · world_size`` examples and the plain data order does not depend on the number of processes.
 
     With ``lengths`` (tokens per example) the batches are grouped by length, as ``group_by_length`` does in the
     Hugging Face Trainer: the epoch's permutation is cut into groups of :data:`LENGTH_GROUP_BATCHES` global batches,
-    each group is sorted by length (longest first) and cut into batches, and the batches are shuffled, the one holding
-    the longest example first (an out-of-memory error shows at the first step). An epoch still visits every example
-    once, in batches of the same sizes; a batch pads to a length close to its examples' own, where a random batch pads
-    to the longest of 32 random examples (1.5x the real tokens on MRPC, 2.5x on STS-B, 3x on SST-2 with MiniLM's
-    tokenizer).
+    each group is sorted by length (longest first) and cut into batches, and the full batches are shuffled, the one
+    holding the longest example first (an out-of-memory error shows at the first step); a short last batch stays last.
+    An epoch still visits every example once, in batches of the same sizes; a batch pads to a length close to its
+    examples' own, where a random batch pads to the longest of 32 random examples (1.5x the real tokens on MRPC, 2.5x
+    on STS-B, 3x on SST-2 with MiniLM's tokenizer). The groups are global batches, so the grouped order depends on
+    the number of processes: resume a grouped run with the same number.
     """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
@@ -145,10 +146,13 @@ class EpochBatchSampler(Sampler[list[int]]):
             # Longest first; ties keep their shuffled order (a stable sort), so the batches depend on the seed only.
             members = members[torch.sort(self.lengths[members], descending=True, stable=True).indices]
             batches += [members[b : b + global_batch].tolist() for b in range(0, len(members), global_batch)]
+        if not batches:
+            return []
         longest = max(range(len(batches)), key=lambda b: int(self.lengths[batches[b][0]]))
-        rest = [b for b in range(len(batches)) if b != longest]
+        short = len(batches) - 1 if len(batches[-1]) < global_batch and longest != len(batches) - 1 else None
+        rest = [b for b in range(len(batches)) if b not in (longest, short)]
         rest = [rest[i] for i in torch.randperm(len(rest), generator=generator).tolist()]
-        return [batches[b] for b in [longest, *rest]]
+        return [batches[b] for b in [longest, *rest, *([short] if short is not None else [])]]
 
     def __iter__(self):
         for chunk in self.global_batches(self.epoch)[self.start_batch :]:
@@ -249,7 +253,8 @@ def train(
         NonFiniteLossError: a loss term became NaN or infinite (names step, term and batch).
         TrainingInterrupted: SIGINT/SIGTERM arrived; the step in progress was finished and checkpointed.
         ConfigError: ``mixed_precision: fp16`` on a device where accelerate runs no fp16 (a CPU), before any step;
-            a ``device`` of another type than the accelerator's.
+            a ``device`` of another type than the accelerator's; ``group_by_length`` on data without token ids to
+            measure (not a tokenized ``datasets.Dataset``, or a streamed one).
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -455,10 +460,10 @@ def example_lengths(dataset) -> list[int]:
     Raises:
         ConfigError: the dataset has no ``input_ids`` to measure.
     """
-    names = getattr(dataset, "column_names", None) or []
-    if "input_ids" not in names:
-        raise ConfigError("group_by_length: the training data has no input_ids column to group by; set "
-                          "group_by_length: false for this step")
+    if not isinstance(dataset, datasets.Dataset) or "input_ids" not in dataset.column_names:
+        what = "has no input_ids column" if isinstance(dataset, datasets.Dataset) else "is not a tokenized Dataset"
+        raise ConfigError(f"group_by_length: the training data {what} to group by; set group_by_length: false for "
+                          "this step")
     column = dataset.with_format("arrow")["input_ids"]
     return pyarrow.compute.list_value_length(column).to_pylist()
 
@@ -474,6 +479,9 @@ class _Batches:
         if self.streaming:
             if config.max_steps is None:
                 raise ValueError("a streamed dataset has no length: set max_steps for this training run")
+            if config.group_by_length:
+                raise ConfigError("group_by_length: a streamed dataset is read in order and cannot be grouped by "
+                                  "length; set group_by_length: false for this step")
             self.num_examples = 0
             return
         self.num_examples = len(dataset)

@@ -92,6 +92,10 @@ def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
               "student": "4f6ccce2b4d3a53e"}
     assert run_ids(PipelineConfig()) == before
     assert fingerprint(PipelineConfig().general) == "9b437fb63dd5d259"
-    grouped = load_config(None, {"teacher.train.group_by_length": True})
-    changed = {name for name, run_id in run_ids(grouped).items() if run_id != before[name]}
-    assert changed == {"teacher"}  # the others see the teacher through its run id, passed in here as "x"
+    # Turned on, it enters the ids of the stages that read it (the others see them through their run ids, "x" here).
+    for section, stages in [("teacher.train", {"teacher"}), ("mlm.train", {"mlm"}),
+                            ("distill.intermediate", {"student_intermediate"}), ("distill.prediction", {"student"})]:
+        grouped = load_config(None, {f"{section}.group_by_length": True})
+        assert {name for name, run_id in run_ids(grouped).items() if run_id != before[name]} == stages, section
+    grouped = load_config(None, {"general.train.group_by_length": True})
+    assert fingerprint(grouped.general) != "9b437fb63dd5d259"

@@ -11,7 +11,7 @@ from transformers import DataCollatorWithPadding
 from distill.checkpoint import CheckpointError
 from distill.config import ConfigError, TrainConfig
 from distill.objective import DistillationObjective, ModelLossObjective
-from distill.trainer import EpochBatchSampler, NonFiniteLossError, train
+from distill.trainer import EpochBatchSampler, NonFiniteLossError, example_lengths, train
 from tests.conftest import tiny_bert
 
 
@@ -391,19 +391,38 @@ def test_grouped_batches_visit_every_example_once_with_far_less_padding():
     assert grouped.global_batches(0) != EpochBatchSampler(1000, 32, seed=4, lengths=lengths).global_batches(0)
 
 
+def test_grouped_batches_are_sorted_within_groups_of_the_shuffle(monkeypatch):
+    monkeypatch.setattr("distill.trainer.LENGTH_GROUP_BATCHES", 2)  # groups of 2 batches: 10 examples here
+    lengths = _varied_lengths(47, seed=2)
+    batches = EpochBatchSampler(47, 5, seed=1, lengths=lengths).global_batches(0)
+    order = torch.randperm(47, generator=torch.Generator().manual_seed(1000)).tolist()
+    groups = [set(order[g:g + 10]) for g in range(0, 47, 10)]  # 4 full groups and one of 7
+    assert [len(b) for b in batches] == [5] * 9 + [2]  # the short batch stays last
+    for batch in batches:
+        group = next(g for g in groups if batch[0] in g)
+        assert set(batch) <= group  # a batch never mixes groups ...
+        others = sorted(lengths[i] for i in group - set(batch))
+        inside = [lengths[i] for i in batch]
+        # ... and is a slice of its group sorted by length: no member outside lies strictly between its extremes
+        assert not [n for n in others if min(inside) < n < max(inside)]
+    assert max(lengths[i] for i in batches[0]) == max(lengths)
+    assert EpochBatchSampler(0, 5, seed=1, lengths=[]).global_batches(0) == []
+
+
 def test_grouped_batches_resume_at_a_batch_and_split_across_processes():
-    lengths = _varied_lengths(200, seed=1)
-    whole = EpochBatchSampler(200, 8, seed=0, world_size=2, lengths=lengths)
-    expected = whole.global_batches(1)
-    ranks = [EpochBatchSampler(200, 8, seed=0, rank=r, world_size=2, lengths=lengths) for r in (0, 1)]
+    lengths = _varied_lengths(203, seed=1)
+    expected = EpochBatchSampler(203, 8, seed=0, world_size=2, lengths=lengths).global_batches(1)
+    assert len(expected) == 13 and len(expected[-1]) == 11
+    ranks = [EpochBatchSampler(203, 8, seed=0, rank=r, world_size=2, lengths=lengths) for r in (0, 1)]
     for sampler in ranks:
         sampler.set_position(epoch=1, start_batch=5)
     shares = [list(sampler) for sampler in ranks]
-    assert [a + b for a, b in zip(*shares)] != []
+    assert [len(share) for share in shares] == [len(ranks[0]), len(ranks[1])] == [8, 8]
     for b, (zero, one) in enumerate(zip(*shares)):
-        assert sorted(zero + one) == sorted(expected[5 + b])
-    with pytest.raises(ValueError, match="lengths: 3 values for 200 examples"):
-        EpochBatchSampler(200, 8, seed=0, lengths=[1, 2, 3])
+        assert zero + one and sorted(zero + one) == sorted(expected[5 + b])
+        assert len(zero) == (8 if b < 7 else 6) and len(one) == (8 if b < 7 else 5)
+    with pytest.raises(ValueError, match="lengths: 3 values for 203 examples"):
+        EpochBatchSampler(203, 8, seed=0, lengths=[1, 2, 3])
 
 
 def test_without_grouping_the_batches_are_the_seeded_permutation_in_order():
@@ -438,8 +457,16 @@ def _plain_batches(config):
     return [[lengths[i] for i in batch] for batch in EpochBatchSampler(24, config.batch_size, config.seed).global_batches(0)]
 
 
+def test_grouping_measures_the_rows_a_selected_dataset_holds():
+    data = _data()
+    picked = data.shuffle(seed=3).select([4, 0, 7])
+    assert example_lengths(picked) == [len(ids) for ids in picked["input_ids"]] != example_lengths(data)[:3]
+
+
 def test_grouping_needs_token_ids_to_measure(tmp_path, tiny_tokenizer):
     data = datasets.Dataset.from_dict({"features": [[0.0]] * 6, "labels": [0, 1] * 3})
     config = TrainConfig(max_steps=1, batch_size=2, group_by_length=True)
-    with pytest.raises(ConfigError, match="no input_ids column to group by"):
-        train(_distill_objective(), data, _Pad(tiny_tokenizer), config, tmp_path, "run")
+    with pytest.raises(ConfigError, match="has no input_ids column to group by"):
+        train(_distill_objective(), data, _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
+    with pytest.raises(ConfigError, match="a streamed dataset is read in order"):
+        train(_distill_objective(), _data().to_iterable_dataset(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
