@@ -23,15 +23,9 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def _private_asset_cache(tmp_path_factory):
     """Point ``TINYDISTILL_CACHE`` (extracted assets, general-distilled students) at a folder of this test session, so
     the suite never writes into the user's ``~/.cache/tinydistill``; the CLI subprocesses inherit it."""
-    import os
-
-    before = os.environ.get("TINYDISTILL_CACHE")
-    os.environ["TINYDISTILL_CACHE"] = str(tmp_path_factory.mktemp("tinydistill_cache"))
-    yield
-    if before is None:
-        os.environ.pop("TINYDISTILL_CACHE", None)
-    else:
-        os.environ["TINYDISTILL_CACHE"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINYDISTILL_CACHE", str(tmp_path_factory.mktemp("tinydistill_cache")))
+        yield
 
 
 @pytest.fixture

@@ -435,10 +435,9 @@ def test_training_grouped_by_length_sees_the_same_examples_and_resumes_exactly(t
     config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=3, log_steps=1, seed=5,
                          group_by_length=True)
     reference = _distill_objective()
-    collate = _Pad(tiny_tokenizer)
-    seen = []
-    recording = lambda rows: (seen.append([len(r["input_ids"]) for r in rows]), collate(rows))[1]  # noqa: E731
+    recording = _Recording(tiny_tokenizer)
     train(reference, _data(), recording, config, tmp_path / "a", "run")
+    seen = recording.lengths
     first_epoch = sorted(n for batch in seen[:5] for n in batch)
     assert first_epoch == sorted(len(r) for r in _data()["input_ids"])
     assert sum(max(b) - min(b) for b in seen[:5]) < sum(max(b) - min(b) for b in _plain_batches(config))
@@ -450,6 +449,18 @@ def test_training_grouped_by_length_sees_the_same_examples_and_resumes_exactly(t
     train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
     for name, value in reference.trainable.state_dict().items():
         torch.testing.assert_close(resumed.trainable.state_dict()[name], value, msg=name)
+
+
+class _Recording(_Pad):
+    """Pads like :class:`_Pad` and keeps the lengths of every batch's examples."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.lengths = []
+
+    def __call__(self, rows):
+        self.lengths.append([len(r["input_ids"]) for r in rows])
+        return super().__call__(rows)
 
 
 def _plain_batches(config):
