@@ -126,11 +126,17 @@ def _packed(loaded, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, str
 
 
 def corpus_fingerprint(sources: list[str], tokenizer_name: str, max_seq_length: int) -> str:
-    """Identity of a packed corpus: sources (files by path, size and modification time), tokenizer, length."""
+    """Identity of a packed corpus: its sources in order (a file by the SHA-256 of its bytes, so a copy, a new
+    download or a move of the same text keeps the id; a hub dataset by name), the tokenizer and the length.
+    Hashing reads each file once per call, about a second per GB."""
     parts = [tokenizer_name, str(max_seq_length)]
     for source in sources:
         path = Path(source)
-        parts.append(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}" if path.is_file() else source)
+        if path.is_file():
+            with path.open("rb") as handle:
+                parts.append(f"sha256:{hashlib.file_digest(handle, 'sha256').hexdigest()}")
+        else:
+            parts.append(source)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

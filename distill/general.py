@@ -56,8 +56,9 @@ def load_encoder(name_or_path: str):
     return AutoModel.from_pretrained(resolve_model(name_or_path)).eval().requires_grad_(False)
 
 
-# Fields that say where and whether the stage runs, not what it makes.
-NOT_IN_RUN_ID = ("enabled", "cache_dir")
+# Left out of the run id: where and whether the stage runs, and how the corpus is named (it is in by content,
+# through corpus_fingerprint, so the same text at another path keeps the id).
+NOT_IN_RUN_ID = ("enabled", "cache_dir", "corpus")
 
 
 def general_config(config: PipelineConfig, for_pipeline: bool = True) -> GeneralConfig:

@@ -3,6 +3,7 @@ hand-over of its student and projections to task distillation."""
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,31 @@ def test_streamed_corpus_equals_the_saved_one_and_the_cache_knows_its_source(tmp
         load_packed_corpus(files, tiny_tokenizer, 16, cache_dir=tmp_path / "corpus", cache_id="two")
     with pytest.raises(DataError, match="not found"):
         load_packed_corpus([str(tmp_path / "missing.txt")], tiny_tokenizer, 12)
+
+
+def test_the_general_run_id_follows_the_corpus_text_not_its_path_or_file_times(tmp_path):
+    # A 46-minute general stage is found again when the same corpus is copied, downloaded anew or named another
+    # way; a changed word makes another stage.
+    from distill.config import GeneralConfig
+    from distill.general import general_run_id
+
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    files = _write_corpus(tmp_path / "first")
+    copies = [tmp_path / "second" / Path(f).name for f in files]
+    for source, copy in zip(files, copies):
+        copy.write_bytes(Path(source).read_bytes())
+        os.utime(copy, ns=(1, 1))  # another modification time
+    first = general_run_id(GeneralConfig(teacher="minilm", corpus=files))
+    assert general_run_id(GeneralConfig(teacher="minilm", corpus=[str(c) for c in copies])) == first
+    relative = [os.path.relpath(f) for f in files]
+    assert general_run_id(GeneralConfig(teacher="minilm", corpus=relative)) == first
+    copies[1].write_text("the cast was boring\nnot a good story\n", encoding="utf-8")
+    changed = general_run_id(GeneralConfig(teacher="minilm", corpus=[str(c) for c in copies]))
+    assert changed[0] != first[0] and changed[1] != first[1]
+    swapped = general_run_id(GeneralConfig(teacher="minilm", corpus=files[::-1]))  # the order packs other sequences
+    assert swapped[0] != first[0]
+    assert general_run_id(GeneralConfig(teacher="minilm", corpus=files, max_seq_length=64))[0] != first[0]
 
 
 @pytest.fixture(scope="module")
