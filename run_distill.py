@@ -22,10 +22,12 @@ from pathlib import Path
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "sst2_minilm.yaml"
 SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
+PAIR_CONFIG = DEFAULT_CONFIG.with_name("pair_minilm.yaml")  # pipeline / seeds of a GLUE pair or regression task
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])})")
+    parser.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])}; "
+                        f"pipeline and seeds of a GLUE pair or regression task: {PAIR_CONFIG.name})")
     parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
     parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
@@ -168,6 +170,16 @@ def _join_process_group() -> None:
         PartialState(cpu=True)
 
 
+def _pair_task(name: str | None) -> bool:
+    """Whether ``name`` is a GLUE task of two texts or a regression task (STS-B), which the pair recipe is for."""
+    if name is None:
+        return False
+    from distill.data import TASKS
+
+    spec = TASKS.get(name)
+    return spec is not None and (len(spec.text_columns) == 2 or spec.is_regression)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _join_process_group()
@@ -175,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
+    if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task):
+        config_file = str(PAIR_CONFIG)
+        overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
+        print(f"config: {PAIR_CONFIG.relative_to(PAIR_CONFIG.parents[1])}, the recipe for pair and regression tasks "
+              "(--config FILE for another)", file=sys.stderr)
     if args.command == "benchmark" and args.no_compress:
         overrides["benchmark.compress"] = []
     if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export"):

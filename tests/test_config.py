@@ -99,3 +99,31 @@ def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
         assert {name for name, run_id in run_ids(grouped).items() if run_id != before[name]} == stages, section
     grouped = load_config(None, {"general.train.group_by_length": True})
     assert fingerprint(grouped.general) != "9b437fb63dd5d259"
+
+
+@pytest.mark.parametrize("argv, preset, output_dir", [
+    (["pipeline", "--task", "mrpc"], "3l-384", "runs/mrpc"),
+    (["pipeline", "--task", "stsb", "--output-dir", "elsewhere"], "3l-384", "elsewhere"),
+    (["seeds", "--task", "rte"], "3l-384", "runs/rte_seeds"),
+    (["pipeline", "--task", "sst2"], "tinybert-4l-312", "runs/sst2_minilm"),
+    (["pipeline", "--task", "mrpc", "--config", "configs/sst2_minilm.yaml"], "tinybert-4l-312", "runs/sst2_minilm"),
+])
+def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeypatch, capsys, argv, preset,
+                                                                          output_dir):
+    import run_distill
+
+    seen = {}
+
+    def record(config, args):  # stands in for the job: only the config it would run is checked
+        seen["config"] = config
+        return 0
+
+    monkeypatch.chdir(ROOT)
+    for command in ("pipeline", "seeds"):
+        monkeypatch.setitem(run_distill.COMMANDS, command, record)
+    monkeypatch.setattr(run_distill, "_setup_logging", lambda output_dir: None)
+    assert run_distill.main(argv) == 0
+    config = seen["config"]
+    assert (config.student.preset, config.output_dir, config.task.name) == (preset, output_dir, argv[2])
+    said = "configs/pair_minilm.yaml, the recipe for pair and regression tasks" in capsys.readouterr().err
+    assert said == (preset == "3l-384")
