@@ -127,3 +127,9 @@ def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeyp
     assert (config.student.preset, config.output_dir, config.task.name) == (preset, output_dir, argv[2])
     said = "configs/pair_minilm.yaml, the recipe for pair and regression tasks" in capsys.readouterr().err
     assert said == (preset == "3l-384")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert config.output_dir.startswith("runs/")
