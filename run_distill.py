@@ -27,7 +27,7 @@ PAIR_CONFIG = DEFAULT_CONFIG.with_name("pair_minilm.yaml")  # pipeline / seeds o
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])}; "
-                        f"pipeline and seeds of a GLUE pair or regression task: {PAIR_CONFIG.name})")
+                        f"pipeline and seeds of a GLUE pair or regression task, no teacher given: {PAIR_CONFIG.name})")
     parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
     parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
@@ -187,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
-    if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task):
+    # The pair recipe's student is cut from a MiniLM-L6 teacher's layers; a teacher of the user's keeps the default.
+    teacher_given = args.command in ("pipeline", "seeds") and (
+        args.teacher is not None or any(s.split("=", 1)[0].startswith("teacher.") for s in args.set))
+    if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task) and not teacher_given:
         config_file = str(PAIR_CONFIG)
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
         print(f"config: {PAIR_CONFIG.relative_to(PAIR_CONFIG.parents[1])}, the recipe for pair and regression tasks "

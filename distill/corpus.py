@@ -12,6 +12,7 @@ into the next one; a sentence longer than a whole sequence is cut into pieces.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -126,18 +127,40 @@ def _packed(loaded, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, str
 
 
 def corpus_fingerprint(sources: list[str], tokenizer_name: str, max_seq_length: int) -> str:
-    """Identity of a packed corpus: its sources in order (a file by the SHA-256 of its bytes, so a copy, a new
-    download or a move of the same text keeps the id; a hub dataset by name), the tokenizer and the length.
-    Hashing reads each file once per call, about a second per GB."""
+    """Identity of a packed corpus, for the general stage's run id and cache.
+
+    A file counts by the SHA-256 of its bytes, so a copy, a new download or a move of the same file keeps the id (a
+    ``.gz`` compressed again may not: its header holds a time); a hub dataset counts by its name. The order of the
+    sources counts, since it changes the packed sequences.
+
+    Args:
+        sources: :func:`corpus_sources`' entries, in order.
+        tokenizer_name: the tokenizer that packs the corpus (the teacher's name or folder).
+        max_seq_length: tokens per packed sequence.
+
+    Returns:
+        16 hex digits.
+    """
     parts = [tokenizer_name, str(max_seq_length)]
     for source in sources:
         path = Path(source)
         if path.is_file():
-            with path.open("rb") as handle:
-                parts.append(f"sha256:{hashlib.file_digest(handle, 'sha256').hexdigest()}")
+            stat = path.stat()
+            parts.append(f"sha256:{_file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}")
         else:
             parts.append(source)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks (about a second per GB); remembered for the process while the
+    file's size and modification time stay the same, so a job that names its corpus several times reads it once."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_packed_corpus(

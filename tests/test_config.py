@@ -106,7 +106,11 @@ def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
     (["pipeline", "--task", "stsb", "--output-dir", "elsewhere"], "3l-384", "elsewhere"),
     (["seeds", "--task", "rte"], "3l-384", "runs/rte_seeds"),
     (["pipeline", "--task", "sst2"], "tinybert-4l-312", "runs/sst2_minilm"),
+    (["seeds", "--task", "stsb", "--output-dir", "mine"], "3l-384", "mine"),
     (["pipeline", "--task", "mrpc", "--config", "configs/sst2_minilm.yaml"], "tinybert-4l-312", "runs/sst2_minilm"),
+    # The pair student is cut from MiniLM-L6's layers: another teacher keeps the default job's config.
+    (["pipeline", "--task", "mrpc", "--teacher", "my/bert-base-mrpc"], "tinybert-4l-312", "runs/sst2_minilm"),
+    (["pipeline", "--task", "mrpc", "--set", "teacher.base_model=mpnet"], "tinybert-4l-312", "runs/sst2_minilm"),
 ])
 def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeypatch, capsys, argv, preset,
                                                                           output_dir):
@@ -130,6 +134,22 @@ def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeyp
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
-def test_every_shipped_config_loads(path):
+def test_every_shipped_config_loads_and_its_student_fits_its_teacher(path):
+    from distill.preflight import check_student_fits_teacher
+    from students import student_shape
+
     config = load_config(path)
-    assert config.output_dir.startswith("runs/")
+    student_shape(config.student)  # raises on an unknown preset or an incomplete shape
+    if config.teacher.base_model == "minilm":  # the bundled weights' config; MPNet is extracted on first use
+        check_student_fits_teacher(config)
+
+
+def test_the_pair_recipes_smaller_student_is_three_settings_away():
+    from distill.general import general_config
+    from distill.preflight import check_student_fits_teacher
+
+    config = load_config(ROOT / "configs/pair_minilm.yaml", {"student.preset": "tinybert-4l-312",
+                                                            "student.init": "teacher_embeddings",
+                                                            "general.enabled": True})
+    check_student_fits_teacher(config)
+    assert config.general.enabled and general_config(config).student.preset == "tinybert-4l-312"

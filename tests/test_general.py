@@ -99,6 +99,9 @@ def test_the_general_run_id_follows_the_corpus_text_not_its_path_or_file_times(t
     swapped = general_run_id(GeneralConfig(teacher="minilm", corpus=files[::-1]))  # the order packs other sequences
     assert swapped[0] != first[0]
     assert general_run_id(GeneralConfig(teacher="minilm", corpus=files, max_seq_length=64))[0] != first[0]
+    # A hub dataset counts by its name (nothing is downloaded to name it).
+    hub = [general_run_id(GeneralConfig(teacher="minilm", corpus=[name]))[0] for name in ("wikitext:a", "wikitext:b")]
+    assert hub[0] != hub[1]
 
 
 @pytest.fixture(scope="module")
