@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -105,14 +106,26 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
 
 
 def quantize_onnx(source: Path, target: Path) -> None:
-    """ONNX Runtime dynamic quantization: int8 weights (``QuantType.QInt8``)."""
+    """ONNX Runtime dynamic quantization: int8 weights (``QuantType.QInt8``).
+
+    The graph is quantized from a copy without its intermediate shape annotations (``graph.value_info``): ONNX Runtime
+    infers them again before quantizing and stops with ``InferenceError`` when an annotation disagrees with what it
+    infers, which ONNX Runtime 1.30 does for the annotations of the dynamo exporter (torch 2.11). The weights and the
+    graph's inputs and outputs are unchanged.
+    """
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    model = onnx.load(str(source))
+    del model.graph.value_info[:]
     root = logging.getLogger()
     level = root.level
     root.setLevel(max(level, logging.ERROR))  # it logs advice on pre-processing through the root logger
     try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".quantize-") as work:
+            plain = Path(work) / source.name
+            onnx.save(model, str(plain))
+            quantize_dynamic(str(plain), str(target), weight_type=QuantType.QInt8)
     finally:
         root.setLevel(level)
 
