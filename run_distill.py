@@ -163,8 +163,9 @@ def _join_process_group() -> None:
 
     import torch
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    use_cpu = parse_flag_from_env("ACCELERATE_USE_CPU")
     launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
     if use_cpu or (launched and not torch.cuda.is_available()):
         PartialState(cpu=True)

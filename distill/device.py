@@ -13,10 +13,16 @@ import torch
 
 
 def run_device() -> torch.device:
-    """This process's device: accelerate's choice (``PartialState().device``)."""
-    from accelerate import PartialState
+    """This process's device: accelerate's choice (``PartialState().device``).
 
-    return PartialState().device
+    ``ACCELERATE_USE_CPU`` is passed on as ``PartialState(cpu=True)``: ``PartialState`` alone does not read it (only
+    ``Accelerator`` does), so on a GPU machine the stages would be handed the GPU and the training loop's
+    ``Accelerator`` would then refuse the CPU it was asked for.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).device
 
 
 def is_accelerator(device: torch.device) -> bool:

@@ -10,6 +10,10 @@ the accelerator-only paths (the report's and the benchmark's accelerator timings
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import datasets
 import pytest
@@ -27,6 +31,7 @@ from distill.objective import DistillationObjective, MaskedLMObjective, ModelLos
 from distill.trainer import train
 from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job_every_stage
 
+ROOT = Path(__file__).resolve().parents[1]
 FAKE = torch.device("cpu", 0)  # computes on the CPU; a different device object from torch.device("cpu")
 
 
@@ -154,3 +159,35 @@ def test_general_distillation_trains_on_the_device_it_is_given(tmp_path, monkeyp
                            train=TrainConfig(max_steps=2, batch_size=4))
     record = run_general_distillation(config, tmp_path / "general", device=FAKE)
     assert spy.seen["distillation"] == [FAKE] and record["device"] == "cpu:0"
+
+
+# A machine whose accelerator is the meta device (what accelerate picks when the CPU is not asked for), in a fresh
+# process: accelerate's state is made once per process.
+SIMULATED_ACCELERATOR = """
+import sys, torch, accelerate.state
+accelerate.state.PartialState.default_device = property(lambda self: torch.device("meta"))
+from distill.device import run_device
+device = run_device()
+if sys.argv[1] == "train":
+    from accelerate import Accelerator
+    Accelerator()  # the training loop's; it refuses a device other than the one the stages were handed
+print(device)
+"""
+
+
+def _simulated(*, use_cpu: bool, then: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "ACCELERATE_USE_CPU"}
+    env.update({"ACCELERATE_USE_CPU": "1"} if use_cpu else {})
+    return subprocess.run([sys.executable, "-c", SIMULATED_ACCELERATOR, then], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_accelerate_use_cpu_hands_every_stage_the_cpu_on_an_accelerator_machine():
+    """ACCELERATE_USE_CPU=1 (as `accelerate launch --cpu` sets) on a machine with an accelerator: the stages get the
+    CPU, and the training loop's Accelerator agrees; without it, the accelerator."""
+    forced = _simulated(use_cpu=True, then="train")
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert forced.stdout.split()[-1] == "cpu"
+    chosen = _simulated(use_cpu=False, then="stop")
+    assert chosen.returncode == 0, chosen.stderr[-2000:]
+    assert chosen.stdout.split()[-1] == "meta"

@@ -227,9 +227,10 @@ def test_fp16_on_cpu_is_refused_not_silently_fp32(tmp_path, tiny_tokenizer):
 
 
 def test_fp16_loss_scaling_skips_a_step_whose_gradients_overflowed(tmp_path, tiny_tokenizer):
-    """The loop's fp16 path: accelerate's autocast and gradient scaler as it sets them up on a GPU, forced on the CPU
-    here (torch has fp16 autocast and GradScaler for CPU). A step whose gradients hold inf is skipped, weights and
-    schedule untouched, and training goes on with finite weights."""
+    """The loop's fp16 path: accelerate's autocast and gradient scaler, on a CPU set up as accelerate does on a GPU
+    (torch has fp16 autocast and GradScaler for CPU); tests/test_accelerator.py runs this test on a real GPU too. A
+    step whose gradients hold inf is skipped, weights and schedule untouched, and training goes on with finite
+    weights."""
     from accelerate import Accelerator
 
     from distill.trainer import _allow_new_mixed_precision
@@ -248,7 +249,8 @@ def test_fp16_loss_scaling_skips_a_step_whose_gradients_overflowed(tmp_path, tin
     objective.trainable["student"].classifier.weight.register_hook(overflow_once)
     _allow_new_mixed_precision("fp16")  # accelerate keeps one precision per process otherwise
     accelerator = Accelerator(mixed_precision="fp16")
-    accelerator.native_amp, accelerator.scaler = True, torch.amp.GradScaler("cpu")
+    if accelerator.scaler is None:  # a CPU, where accelerate sets up no scaler
+        accelerator.native_amp, accelerator.scaler = True, torch.amp.GradScaler("cpu")
     train(objective, _data(), _Pad(tiny_tokenizer), TrainConfig(mixed_precision="fp16", **common), tmp_path / "fp16",
           "run", accelerator=accelerator)
     logs = [json.loads(line) for line in (tmp_path / "fp16" / "log.jsonl").read_text().splitlines()]
@@ -259,8 +261,8 @@ def test_fp16_loss_scaling_skips_a_step_whose_gradients_overflowed(tmp_path, tin
     assert [line["learning_rate"] for line in logs] == pytest.approx([1e-3, 5e-4])
     assert accelerator.scaler.get_scale() == 2.0**15
     # ... step 2 was applied, and every weight is finite.
-    after = objective.trainable.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    after = {k: v.cpu() for k, v in objective.trainable.state_dict().items()}
+    assert any(not torch.equal(before[k].cpu(), after[k]) for k in before)
     assert all(bool(torch.isfinite(after[k]).all()) for k in after)
     # The forward ran in fp16 (autocast): the same loss as fp32 up to rounding, but not the same.
     assert logs[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=0.05) and logs[0]["loss"] != fp32[0]["loss"]
