@@ -396,7 +396,8 @@ def _loop(run: _Run) -> None:
             with nullcontext() if sync or world == 1 else run.model.no_sync():
                 with accelerator.autocast():
                     loss, terms = run.model(batch)
-                _check_terms(loss, terms, getattr(run.objective, "inputs_differ", None), state, run.description)
+                read = _check_terms(loss, terms, getattr(run.objective, "inputs_differ", None), state,
+                                    run.description)  # (total, {term: value}) as Python floats
                 accelerator.backward(loss / accumulate)
             state.batch_in_epoch += 1
             size = len(batch["input_ids"]) * world
@@ -412,9 +413,11 @@ def _loop(run: _Run) -> None:
             run.optimizer.zero_grad(set_to_none=True)
             state.step += 1
             run.progress.update(1)
-            run.progress.set_postfix({k: f"{v.item():.4f}" for k, v in terms.items()})
+            # values already read by _check_terms: no second host synchronisation per step; the bar redraws at its
+            # own interval
+            run.progress.set_postfix({k: f"{v:.4f}" for k, v in read[1].items()}, refresh=False)
             if state.step % config.log_steps == 0 or state.step == run.steps:
-                _log(run.log_file, state, loss, terms, run.scheduler, window, accelerator)
+                _log(run.log_file, state, read, run.scheduler, window, accelerator)
             if run.selection is not None and (state.step == run.steps or (every and state.step % every == 0)):
                 run.evaluate()
             saved = state.step % config.save_steps == 0 or state.step == run.steps
@@ -540,11 +543,12 @@ def _truncate_log(path: Path, step: int) -> None:
 
 
 def _check_terms(loss: torch.Tensor, terms: dict, inputs_differ: dict | None, state: TrainState,
-                 description: str) -> None:
+                 description: str) -> tuple[float, dict[str, float]]:
     """Stop on a loss term that is NaN or infinite, or exactly 0 while the values it compares differ.
 
     One host synchronisation per micro-batch: the loss, the terms and the objective's ``inputs_differ`` flags are read
-    together.
+    together. Returns the values read, ``(total, {term name: value})`` as Python floats, for the progress bar and the
+    log, which so read nothing more from the device.
     """
     names = list(terms)
     differ = inputs_differ or {}
@@ -568,15 +572,17 @@ def _check_terms(loss: torch.Tensor, terms: dict, inputs_differ: dict | None, st
                 "training on it would be wrong. Stopping; the last good checkpoint is kept. Train in fp32 or bf16 "
                 "(mixed_precision: no | bf16) and report the case."
             )
+    return total, dict(zip(names, term_values))
 
 
-def _log(log_file, state: TrainState, loss, terms: dict, scheduler, window: dict, accelerator: Accelerator) -> None:
+def _log(log_file, state: TrainState, read: tuple[float, dict[str, float]], scheduler, window: dict,
+         accelerator: Accelerator) -> None:
     elapsed = time.perf_counter() - window["start"]
     record = {
         "step": state.step,
         "epoch": state.epoch,
-        "loss": loss.item(),
-        **{f"loss/{name}": value.item() for name, value in terms.items()},
+        "loss": read[0],
+        **{f"loss/{name}": value for name, value in read[1].items()},
         "learning_rate": scheduler.get_last_lr()[0],
         "samples_per_s": window["samples"] / max(elapsed, 1e-9),
     }
