@@ -188,10 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": args.output_dir}
-    # The pair recipe's student is cut from a MiniLM-L6 teacher's layers; a teacher of the user's keeps the default.
-    teacher_given = args.command in ("pipeline", "seeds") and (
-        args.teacher is not None or any(s.split("=", 1)[0].startswith("teacher.") for s in args.set))
-    if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task) and not teacher_given:
+    if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task):
         config_file = str(PAIR_CONFIG)
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
         print(f"config: {PAIR_CONFIG.relative_to(PAIR_CONFIG.parents[1])}, the recipe for pair and regression tasks "

@@ -58,12 +58,19 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
               f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows"),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {describe_init(config.student, config.distill.layer_map)}"),
-             f"student: {student_shape(config.student) if config.student.model is None else config.student.model}",
+             f"student: {_student_shape(config) if config.student.model is None else config.student.model}",
              f"layer map (student 0..M -> teacher): {step1.get('layer_map')}",
              f"loss weights: {weights}; temperature {config.distill.temperature}",
              f"intermediate step: {_budget(config.distill.intermediate)}; prediction step: "
              f"{_budget(config.distill.prediction)}"]
     return lines
+
+
+def _student_shape(config: PipelineConfig) -> dict:
+    """The student's shape as built: a relative preset read against the run's teacher (``<output_dir>/teacher``)."""
+    from teachers.models import load_config
+
+    return student_shape(config.student, load_config(str(Path(config.output_dir) / "teacher")))
 
 
 def _budget(train: TrainConfig) -> str:

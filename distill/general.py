@@ -84,7 +84,7 @@ def cache_folder(config: GeneralConfig, run_id: str) -> Path:
     from teachers.assets import cache_dir
 
     root = Path(config.cache_dir) if config.cache_dir else cache_dir() / "general"
-    shape = student_shape(config.student)
+    shape = student_shape(config.student, load_model_config(config.teacher))
     name = f"{Path(config.teacher).name}-{shape['num_hidden_layers']}l{shape['hidden_size']}-{run_id}"
     return root / name
 
@@ -124,11 +124,11 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
     if (record := stage_done(out, run_id)) is not None:
         logger.info("general distillation: done (%d steps), skipping", record["steps"])
         return record
+    start = time.perf_counter()
     try:
-        student_shape(config.student)
+        student_shape(config.student, load_model_config(config.teacher))
     except ValueError as error:
         raise ConfigError(f"general.student: {error}") from None
-    start = time.perf_counter()
     tokenizer = load_tokenizer(config.teacher)
     teacher = load_encoder(config.teacher)
     processes = PartialState()  # under `accelerate launch`: one process packs and saves, the others wait and read
@@ -136,7 +136,7 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
                                     cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
     layer_map = build_layer_map(config.layer_map, teacher.config.num_hidden_layers,
-                                student_shape(config.student)["num_hidden_layers"])
+                                student_shape(config.student, teacher.config)["num_hidden_layers"])
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
     objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,
@@ -149,7 +149,7 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         student.save_pretrained(out)
         tokenizer.save_pretrained(out)
         save_projections(objective, out)
-        recipe = [f"student: {student_shape(config.student)}, init {config.student.init}",
+        recipe = [f"student: {student_shape(config.student, teacher.config)}, init {config.student.init}",
                   f"layer map (student 0..M -> teacher): {[0, *layer_map]}",
                   f"losses: {intermediate_terms(config.weights)} (embedding, hidden states, attention scores)",
                   f"{state.step} steps of batch {config.train.batch_size} x {config.max_seq_length} tokens, lr "

@@ -197,10 +197,10 @@ def load_projections(objective: DistillationObjective, folder: Path) -> bool:
     return True
 
 
-def _student_layers(config: ConfigView) -> int:
+def _student_layers(config: ConfigView, teacher_config) -> int:
     if config.student.model is not None:
         return load_model_config(config.student.model).num_hidden_layers
-    return student_shape(config.student)["num_hidden_layers"]
+    return student_shape(config.student, teacher_config)["num_hidden_layers"]
 
 
 def _distill_step(
@@ -240,7 +240,8 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec)
     terms = intermediate_terms(config.distill.weights)
-    layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers, _student_layers(config))
+    layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers,
+                                 _student_layers(config, teacher.config))
                  if terms else None)
     set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
     student = _student(config, teacher, tokenizer, layer_map, start=general["folder"])

@@ -32,7 +32,7 @@ def preflight(config: PipelineConfig) -> None:
             corpus_files(config.mlm.corpus)
     if config.student.model is None:
         try:
-            student_shape(config.student)
+            student_shape(config.student, load_model_config(config.teacher.model or config.teacher.base_model))
         except ValueError as error:
             raise ConfigError(f"student: {error}") from None
         if config.general.enabled:
@@ -59,7 +59,7 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
         layers, heads, hidden = student.num_hidden_layers, student.num_attention_heads, student.hidden_size
         student_type = student.model_type
     else:
-        shape = student_shape(config.student)
+        shape = student_shape(config.student, teacher)
         layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
         student_type = shape.get("model_type", student_family(teacher.model_type))
     if not intermediate_terms(config.distill.weights):
@@ -83,6 +83,10 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
         if hidden % heads or teacher.hidden_size % heads:
             raise ConfigError(f"distill.relation_heads: {heads} relation heads must divide the student's width "
                               f"({hidden}) and the teacher's ({teacher.hidden_size})")
+    if config.student.model is None and config.student.init == "teacher" and student_type != teacher.model_type:
+        raise ConfigError(f"student.init: 'teacher' copies layers between models of one family; the student is "
+                          f"{student_type}, the teacher {teacher.model_type}; use init teacher_embeddings or random "
+                          "(e.g. --set student.preset=tinybert-4l-312 --set student.init=teacher_embeddings)")
     if config.student.model is None and config.student.init == "teacher" and hidden != teacher.hidden_size:
         raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
                           f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")

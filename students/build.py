@@ -29,6 +29,11 @@ PRESETS: dict[str, dict[str, int]] = {
                       "num_attention_heads": 12, "embedding_size": 128, "num_hidden_groups": 1},
 }
 
+# Shapes taken from the teacher's config: "teacher-half" is the teacher's width, FFN size and heads at half its depth
+# (rounded up), the shape DistilBERT cut from BERT-base (Sanh et al., 2019, §3) and "shrink and fine-tune" cuts from
+# a fine-tuned teacher's own layers (Shleifer & Rush, 2020): with init "teacher", layers 2, 4, ... of the teacher.
+RELATIVE_PRESETS = ("teacher-half",)
+
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
 ALBERT_FIELDS = ("embedding_size", "num_hidden_groups")
 # Config fields a student of another family takes from the teacher: vocabulary, positions, token types, labels.
@@ -44,20 +49,32 @@ SHARED_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "pa
                  "hidden_act", "num_labels", "id2label", "label2id", "problem_type")
 
 
-def student_shape(config: StudentConfig) -> dict:
+def student_shape(config: StudentConfig, teacher_config: PretrainedConfig | None = None) -> dict:
     """The student's family, layer count and sizes: the preset, overridden by explicit fields.
+
+    Args:
+        config: the student section (preset, explicit sizes, family).
+        teacher_config: the teacher's config, which a preset of :data:`RELATIVE_PRESETS` reads its sizes from.
 
     Returns:
         ``num_hidden_layers``, ``hidden_size``, ``intermediate_size``, ``num_attention_heads``; ``model_type`` when
         the student's family is not the teacher's; ``embedding_size`` and ``num_hidden_groups`` for ALBERT.
 
     Raises:
-        ValueError: unknown preset or family, a field missing when there is no preset, a hidden size the heads do not
-            divide, or ALBERT fields on a non-ALBERT student.
+        ValueError: unknown preset or family, a relative preset without ``teacher_config``, a field missing when there
+            is no preset, a hidden size the heads do not divide, or ALBERT fields on a non-ALBERT student.
     """
-    if config.preset is not None and config.preset not in PRESETS:
-        raise ValueError(f"unknown student preset {config.preset!r}; presets: {', '.join(PRESETS)}")
-    shape = dict(PRESETS[config.preset]) if config.preset else {}
+    if config.preset is not None and config.preset not in PRESETS and config.preset not in RELATIVE_PRESETS:
+        raise ValueError(f"unknown student preset {config.preset!r}; presets: "
+                         f"{', '.join([*PRESETS, *RELATIVE_PRESETS])}")
+    if config.preset in RELATIVE_PRESETS:
+        if teacher_config is None:
+            raise ValueError(f"student preset {config.preset!r} takes its sizes from the teacher's config, and none "
+                             "was given")
+        shape = {"num_hidden_layers": (teacher_config.num_hidden_layers + 1) // 2,
+                 **{key: config_value(teacher_config, key) for key in SHAPE_FIELDS[1:]}}
+    else:
+        shape = dict(PRESETS[config.preset]) if config.preset else {}
     shape.update({k: getattr(config, k) for k in (*SHAPE_FIELDS, *ALBERT_FIELDS, "model_type")
                   if getattr(config, k) is not None})
     missing = [k for k in SHAPE_FIELDS if k not in shape]
@@ -120,7 +137,7 @@ def build_student(
     Raises:
         ValueError: ``init == "teacher"`` but hidden or FFN sizes differ from the teacher's.
     """
-    shape = student_shape(config)
+    shape = student_shape(config, teacher.config)
     model_class = AutoModel if encoder_only else AutoModelForSequenceClassification
     model = model_class.from_config(student_config(teacher.config, shape))
     if config.init == "teacher":

@@ -13,9 +13,9 @@ def test_shipped_configs_load(name):
     assert config.task.name == "sst2"
 
 
-def test_default_config_is_the_tinybert_student():
+def test_default_config_cuts_the_student_from_the_teacher_and_augments_as_the_paper():
     config = load_config(ROOT / "configs" / "sst2_minilm.yaml")
-    assert config.student.preset == "tinybert-4l-312"
+    assert (config.student.preset, config.student.init) == ("teacher-half", "teacher")
     assert (config.augment.num_copies, config.augment.replace_prob, config.augment.num_candidates) == (20, 0.4, 15)
 
 
@@ -101,18 +101,17 @@ def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
     assert fingerprint(grouped.general) != "9b437fb63dd5d259"
 
 
-@pytest.mark.parametrize("argv, preset, output_dir", [
-    (["pipeline", "--task", "mrpc"], "3l-384", "runs/mrpc"),
-    (["pipeline", "--task", "stsb", "--output-dir", "elsewhere"], "3l-384", "elsewhere"),
-    (["seeds", "--task", "rte"], "3l-384", "runs/rte_seeds"),
-    (["pipeline", "--task", "sst2"], "tinybert-4l-312", "runs/sst2_minilm"),
-    (["seeds", "--task", "stsb", "--output-dir", "mine"], "3l-384", "mine"),
-    (["pipeline", "--task", "mrpc", "--config", "configs/sst2_minilm.yaml"], "tinybert-4l-312", "runs/sst2_minilm"),
-    # The pair student is cut from MiniLM-L6's layers: another teacher keeps the default job's config.
-    (["pipeline", "--task", "mrpc", "--teacher", "my/bert-base-mrpc"], "tinybert-4l-312", "runs/sst2_minilm"),
-    (["pipeline", "--task", "mrpc", "--set", "teacher.base_model=mpnet"], "tinybert-4l-312", "runs/sst2_minilm"),
+@pytest.mark.parametrize("argv, pair, output_dir", [
+    (["pipeline", "--task", "mrpc"], True, "runs/mrpc"),
+    (["pipeline", "--task", "stsb", "--output-dir", "elsewhere"], True, "elsewhere"),
+    (["seeds", "--task", "rte"], True, "runs/rte_seeds"),
+    (["pipeline", "--task", "sst2"], False, "runs/sst2_minilm"),
+    (["seeds", "--task", "stsb", "--output-dir", "mine"], True, "mine"),
+    (["pipeline", "--task", "mrpc", "--config", "configs/sst2_minilm.yaml"], False, "runs/sst2_minilm"),
+    # The student's shape follows the teacher (preset teacher-half), so a teacher of the user's gets the recipe too.
+    (["pipeline", "--task", "mrpc", "--teacher", "my/bert-base-mrpc"], True, "runs/mrpc"),
 ])
-def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeypatch, capsys, argv, preset,
+def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeypatch, capsys, argv, pair,
                                                                           output_dir):
     import run_distill
 
@@ -128,20 +127,24 @@ def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeyp
     monkeypatch.setattr(run_distill, "_setup_logging", lambda output_dir: None)
     assert run_distill.main(argv) == 0
     config = seen["config"]
-    assert (config.student.preset, config.output_dir, config.task.name) == (preset, output_dir, argv[2])
+    assert (config.output_dir, config.task.name) == (output_dir, argv[2])
+    assert config.task.max_seq_length == (128 if pair else 64)  # the pair config's, or the default job's
     said = "configs/pair_minilm.yaml, the recipe for pair and regression tasks" in capsys.readouterr().err
-    assert said == (preset == "3l-384")
+    assert said == pair
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
 def test_every_shipped_config_loads_and_its_student_fits_its_teacher(path):
     from distill.preflight import check_student_fits_teacher
     from students import student_shape
+    from teachers.models import load_config as load_model_config
 
     config = load_config(path)
-    student_shape(config.student)  # raises on an unknown preset or an incomplete shape
     if config.teacher.base_model == "minilm":  # the bundled weights' config; MPNet is extracted on first use
+        student_shape(config.student, load_model_config("minilm"))  # raises on an unknown preset or a bad shape
         check_student_fits_teacher(config)
+    else:
+        student_shape(config.student)
 
 
 def test_the_pair_recipes_smaller_student_is_three_settings_away():

@@ -192,6 +192,20 @@ def test_mpnet_cannot_be_a_student(tmp_path, tiny_tokenizer, capsys):
     assert "student.model_type: bert" in error
 
 
+def test_an_mpnet_teacher_with_a_student_cut_from_its_layers_is_refused_before_any_work(tmp_path, tiny_tokenizer,
+                                                                                         capsys):
+    """The student of an MPNet teacher is a BERT model, so the teacher's layers cannot be copied into it (init
+    teacher, as in the shipped configs): stopped at the start, with the settings that work."""
+    teacher = _mpnet(len(tiny_tokenizer))
+    argv = _job(tmp_path, teacher, tiny_tokenizer, student={"preset": "teacher-half", "init": "teacher"})
+    assert run_distill.main(argv) == 2
+    error = capsys.readouterr().err
+    assert "student.init: 'teacher' copies layers between models of one family; the student is bert, the teacher " \
+           "mpnet" in error
+    assert "--set student.init=teacher_embeddings" in error
+    assert not (tmp_path / "run" / "teacher").exists()
+
+
 def test_the_mpnet_asset_says_how_to_install_it_when_missing(monkeypatch, tmp_path):
     import importlib.metadata
 

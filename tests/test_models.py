@@ -113,3 +113,26 @@ def test_student_presets_and_teacher_init():
     with pytest.raises(ValueError, match="needs the teacher's hidden_size"):
         build_student(teacher, StudentConfig(preset=None, num_hidden_layers=1, hidden_size=16, intermediate_size=64,
                                              num_attention_heads=4, init="teacher"), [2])
+
+
+def test_the_teacher_half_preset_is_the_teachers_width_at_half_its_depth():
+    from transformers import AutoConfig
+
+    from tests.conftest import tiny_bert_config
+
+    half = StudentConfig(preset="teacher-half", init="teacher")
+    for layers, expected in [(2, 1), (5, 3), (6, 3), (12, 6)]:
+        assert student_shape(half, tiny_bert_config(num_hidden_layers=layers)) == {
+            "num_hidden_layers": expected, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4}
+    distilbert = AutoConfig.for_model("distilbert", n_layers=6, dim=48, hidden_dim=96, n_heads=4)
+    assert student_shape(half, distilbert) == {"num_hidden_layers": 3, "hidden_size": 48, "intermediate_size": 96,
+                                               "num_attention_heads": 4}
+    with pytest.raises(ValueError, match="'teacher-half' takes its sizes from the teacher's config"):
+        student_shape(half)
+    # Built from a 4-layer teacher with the uniform map [2, 4]: its layers 2 and 4 become the student's 1 and 2.
+    teacher = tiny_bert(num_hidden_layers=4)
+    student = build_student(teacher, half, [2, 4])
+    assert student.config.num_hidden_layers == 2 and student.config.hidden_size == 32
+    s, t = student.state_dict(), teacher.state_dict()
+    for mine, theirs in [(0, 1), (1, 3)]:
+        assert (s[f"bert.encoder.layer.{mine}.output.dense.weight"] == t[f"bert.encoder.layer.{theirs}.output.dense.weight"]).all()
