@@ -27,7 +27,7 @@ PAIR_CONFIG = DEFAULT_CONFIG.with_name("pair_minilm.yaml")  # pipeline / seeds o
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])}; "
-                        f"pipeline and seeds of a GLUE pair or regression task, no teacher given: {PAIR_CONFIG.name})")
+                        f"pipeline and seeds of a GLUE pair or regression task: {PAIR_CONFIG.name})")
     parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
     parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")

@@ -16,7 +16,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from distill.config import PipelineConfig, StudentConfig, TrainConfig
 from distill.data import TaskSpec
 from distill.terms import LOSS_TERMS
-from students import student_shape
+from students import RELATIVE_PRESETS, student_shape
 from teachers.assets import HUB_IDS
 
 logger = logging.getLogger(__name__)
@@ -67,10 +67,11 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
 
 
 def _student_shape(config: PipelineConfig) -> dict:
-    """The student's shape as built: a relative preset read against the run's teacher (``<output_dir>/teacher``)."""
+    """The student's shape: a preset relative to the teacher is read against the run's (``<output_dir>/teacher``)."""
     from teachers.models import load_config
 
-    return student_shape(config.student, load_config(str(Path(config.output_dir) / "teacher")))
+    relative = config.student.preset in RELATIVE_PRESETS
+    return student_shape(config.student, load_config(str(Path(config.output_dir) / "teacher")) if relative else None)
 
 
 def _budget(train: TrainConfig) -> str:

@@ -196,7 +196,9 @@ class StudentConfig:
     """The student's shape: a preset or explicit sizes; the rest of its config is copied from the teacher."""
 
     model: str | None = None  # start from this checkpoint (e.g. a general-distilled student); overrides the shape
-    preset: str | None = "tinybert-4l-312"  # a name from students.PRESETS, or None to use the sizes below
+    # a name from students.PRESETS, a shape relative to the teacher from students.RELATIVE_PRESETS ("teacher-half",
+    # the shipped configs'), or None to use the sizes below
+    preset: str | None = "tinybert-4l-312"
     num_hidden_layers: int | None = None  # M
     hidden_size: int | None = None  # h_S
     intermediate_size: int | None = None  # FFN size

@@ -125,8 +125,9 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         logger.info("general distillation: done (%d steps), skipping", record["steps"])
         return record
     start = time.perf_counter()
+    teacher_config = load_model_config(config.teacher)
     try:
-        student_shape(config.student, load_model_config(config.teacher))
+        student_shape(config.student, teacher_config)
     except ValueError as error:
         raise ConfigError(f"general.student: {error}") from None
     tokenizer = load_tokenizer(config.teacher)

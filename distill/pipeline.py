@@ -197,9 +197,11 @@ def load_projections(objective: DistillationObjective, folder: Path) -> bool:
     return True
 
 
-def _student_layers(config: ConfigView, teacher_config) -> int:
-    if config.student.model is not None:
-        return load_model_config(config.student.model).num_hidden_layers
+def _student_layers(config: ConfigView, teacher_config, start: str | None = None) -> int:
+    """The student's depth: that of the checkpoint it starts from (``student.model``, or the general-distilled
+    ``start``), else of its configured shape (a relative preset read against ``teacher_config``)."""
+    if (checkpoint := config.student.model or start) is not None:
+        return load_model_config(checkpoint).num_hidden_layers
     return student_shape(config.student, teacher_config)["num_hidden_layers"]
 
 
@@ -241,7 +243,7 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     teacher = load_teacher(str(out / "teacher"), spec)
     terms = intermediate_terms(config.distill.weights)
     layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers,
-                                 _student_layers(config, teacher.config))
+                                 _student_layers(config, teacher.config, general["folder"]))
                  if terms else None)
     set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
     student = _student(config, teacher, tokenizer, layer_map, start=general["folder"])

@@ -12,7 +12,7 @@ from distill.data import task_spec
 from distill.general import general_config
 from distill.layer_map import build_layer_map
 from distill.objective import intermediate_terms
-from students import student_family, student_shape
+from students import RELATIVE_PRESETS, student_family, student_shape
 from teachers.mlm import corpus_files
 from teachers.models import check_teacher_config, load_config as load_model_config
 
@@ -31,8 +31,9 @@ def preflight(config: PipelineConfig) -> None:
         if config.mlm.model is None:
             corpus_files(config.mlm.corpus)
     if config.student.model is None:
+        teacher = load_model_config(config.teacher.model or config.teacher.base_model)
         try:
-            student_shape(config.student, load_model_config(config.teacher.model or config.teacher.base_model))
+            student_shape(config.student, teacher)
         except ValueError as error:
             raise ConfigError(f"student: {error}") from None
         if config.general.enabled:
@@ -48,7 +49,8 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
     Raises:
         ConfigError: the layer map cannot be built (a student deeper than the teacher, a bad explicit map), the
             student's head count does not divide the teacher's while the attention loss is on, or ``init: teacher``
-            with sizes that differ; each names the field to change.
+            with a student of another family or width than the teacher's; each names the field to change.
+        CaptureError: a family whose attention scores cannot be captured (layer-wise losses on).
         ModelError: the teacher or student checkpoint cannot be found.
     """
     teacher = load_model_config(config.teacher.model or config.teacher.base_model)
@@ -62,8 +64,28 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
         shape = student_shape(config.student, teacher)
         layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
         student_type = shape.get("model_type", student_family(teacher.model_type))
-    if not intermediate_terms(config.distill.weights):
-        return  # logit-only: any teacher family, no layer map
+    if intermediate_terms(config.distill.weights):  # logit-only: any teacher family, no layer map
+        check_layer_wise(config, teacher, student_type, layers, heads, hidden)
+    if config.student.model is None and config.student.init == "teacher":
+        if student_type != teacher.model_type:
+            fixed = "" if config.student.preset not in RELATIVE_PRESETS else (
+                " with a fixed shape, e.g. --set student.preset=tinybert-4l-312")
+            raise ConfigError(f"student.init: 'teacher' copies layers between models of one family; the student is "
+                              f"{student_type}, the teacher {teacher.model_type}; use --set "
+                              f"student.init=teacher_embeddings (or random){fixed}")
+        if hidden != teacher.hidden_size:
+            raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
+                              f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or "
+                              "random")
+
+
+def check_layer_wise(config: PipelineConfig, teacher, student_type: str, layers: int, heads: int, hidden: int) -> None:
+    """Checks for distillation with intermediate (layer-wise) losses: both families can be captured, the layer map
+    can be built, the heads divide and the relation heads divide both widths.
+
+    Raises:
+        CaptureError: a family whose attention scores cannot be captured. ConfigError: the field to change.
+    """
     for role, model_config in (("teacher", teacher), ("student", AutoConfig.for_model(student_type))):
         if (reason := capture_support(model_config, role)) is not None:
             raise CaptureError(f"{role}: {reason}")
@@ -83,10 +105,3 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
         if hidden % heads or teacher.hidden_size % heads:
             raise ConfigError(f"distill.relation_heads: {heads} relation heads must divide the student's width "
                               f"({hidden}) and the teacher's ({teacher.hidden_size})")
-    if config.student.model is None and config.student.init == "teacher" and student_type != teacher.model_type:
-        raise ConfigError(f"student.init: 'teacher' copies layers between models of one family; the student is "
-                          f"{student_type}, the teacher {teacher.model_type}; use init teacher_embeddings or random "
-                          "(e.g. --set student.preset=tinybert-4l-312 --set student.init=teacher_embeddings)")
-    if config.student.model is None and config.student.init == "teacher" and hidden != teacher.hidden_size:
-        raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
-                          f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or random")

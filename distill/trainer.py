@@ -412,10 +412,10 @@ def _loop(run: _Run) -> None:
                 run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
             state.step += 1
-            run.progress.update(1)
             # values already read by _check_terms: no second host synchronisation per step; the bar redraws at its
             # own interval
             run.progress.set_postfix({k: f"{v:.4f}" for k, v in read[1].items()}, refresh=False)
+            run.progress.update(1)
             if state.step % config.log_steps == 0 or state.step == run.steps:
                 _log(run.log_file, state, read, run.scheduler, window, accelerator)
             if run.selection is not None and (state.step == run.steps or (every and state.step % every == 0)):

@@ -197,13 +197,16 @@ def test_an_mpnet_teacher_with_a_student_cut_from_its_layers_is_refused_before_a
     """The student of an MPNet teacher is a BERT model, so the teacher's layers cannot be copied into it (init
     teacher, as in the shipped configs): stopped at the start, with the settings that work."""
     teacher = _mpnet(len(tiny_tokenizer))
-    argv = _job(tmp_path, teacher, tiny_tokenizer, student={"preset": "teacher-half", "init": "teacher"})
-    assert run_distill.main(argv) == 2
-    error = capsys.readouterr().err
-    assert "student.init: 'teacher' copies layers between models of one family; the student is bert, the teacher " \
-           "mpnet" in error
-    assert "--set student.init=teacher_embeddings" in error
-    assert not (tmp_path / "run" / "teacher").exists()
+    logit_only = {"weights": {"embedding": 0, "hidden": 0, "attention": 0}}
+    for distill in (None, logit_only):  # logit-only distillation copies the teacher's layers too
+        argv = _job(tmp_path, teacher, tiny_tokenizer, student={"preset": "teacher-half", "init": "teacher"},
+                    distill=distill)
+        assert run_distill.main(argv) == 2
+        error = capsys.readouterr().err
+        assert "student.init: 'teacher' copies layers between models of one family; the student is bert, the " \
+               "teacher mpnet" in error
+        assert "--set student.init=teacher_embeddings (or random) with a fixed shape" in error
+        assert not (tmp_path / "run" / "teacher").exists()
 
 
 def test_the_mpnet_asset_says_how_to_install_it_when_missing(monkeypatch, tmp_path):
