@@ -271,3 +271,26 @@ def test_the_relation_term_with_an_mpnet_teacher_and_a_bert_student(tmp_path, ti
     log = [json.loads(line) for line in (tmp_path / "run" / "student_intermediate" / "log.jsonl").read_text().splitlines()]
     assert {"loss/embedding", "loss/hidden", "loss/relation"} <= set(log[-1]) and "loss/attention" not in log[-1]
     assert log[-1]["loss/relation"] > 0
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_shipped_student_is_cut_from_the_layers_of_a_teacher_of_every_family(family):
+    """The shipped configs' student (preset teacher-half, init teacher) from a 4-layer teacher of each family: 2 layers
+    of the teacher's width, every weight copied from the teacher (embeddings, layers 2 and 4 by the uniform map,
+    ALBERT's one shared layer as it is, pooler and classifier)."""
+    import re
+
+    from distill.config import StudentConfig
+    from distill.layer_map import build_layer_map
+    from students import build_student
+
+    layers = {"n_layers": 4} if family == "distilbert" else {"num_hidden_layers": 4}
+    teacher = _classifier(family, 40, **layers).eval()
+    layer_map = build_layer_map("uniform", 4, 2)
+    assert layer_map == [2, 4]
+    student = build_student(teacher, StudentConfig(preset="teacher-half", init="teacher"), layer_map).eval()
+    assert student.config.model_type == family and student.config.num_hidden_layers == 2
+    teacher_state = teacher.state_dict()
+    for name, value in student.state_dict().items():
+        source = re.sub(r"\.layer\.(\d+)\.", lambda m: f".layer.{layer_map[int(m.group(1))] - 1}.", name)
+        assert torch.equal(value, teacher_state[source]), (family, name, source)
