@@ -125,9 +125,8 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         logger.info("general distillation: done (%d steps), skipping", record["steps"])
         return record
     start = time.perf_counter()
-    teacher_config = load_model_config(config.teacher)
     try:
-        student_shape(config.student, teacher_config)
+        shape = student_shape(config.student, load_model_config(config.teacher))
     except ValueError as error:
         raise ConfigError(f"general.student: {error}") from None
     tokenizer = load_tokenizer(config.teacher)
@@ -136,8 +135,7 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
     with processes.main_process_first():
         corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
                                     cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
-    layer_map = build_layer_map(config.layer_map, teacher.config.num_hidden_layers,
-                                student_shape(config.student, teacher.config)["num_hidden_layers"])
+    layer_map = build_layer_map(config.layer_map, teacher.config.num_hidden_layers, shape["num_hidden_layers"])
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
     objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,
@@ -150,7 +148,7 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         student.save_pretrained(out)
         tokenizer.save_pretrained(out)
         save_projections(objective, out)
-        recipe = [f"student: {student_shape(config.student, teacher.config)}, init {config.student.init}",
+        recipe = [f"student: {shape}, init {config.student.init}",
                   f"layer map (student 0..M -> teacher): {[0, *layer_map]}",
                   f"losses: {intermediate_terms(config.weights)} (embedding, hidden states, attention scores)",
                   f"{state.step} steps of batch {config.train.batch_size} x {config.max_seq_length} tokens, lr "

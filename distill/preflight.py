@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from augment import check_word_vectors, load_stopwords
 from distill.capture import CaptureError, capture_support
@@ -30,8 +30,8 @@ def preflight(config: PipelineConfig) -> None:
         load_stopwords(config.augment.stopwords)
         if config.mlm.model is None:
             corpus_files(config.mlm.corpus)
+    teacher = load_model_config(config.teacher.model or config.teacher.base_model)
     if config.student.model is None:
-        teacher = load_model_config(config.teacher.model or config.teacher.base_model)
         try:
             student_shape(config.student, teacher)
         except ValueError as error:
@@ -39,12 +39,12 @@ def preflight(config: PipelineConfig) -> None:
         if config.general.enabled:
             corpus_sources(config.general.corpus)
             load_model_config(general_config(config).teacher)
-    check_student_fits_teacher(config)
+    check_student_fits_teacher(config, teacher)
 
 
-def check_student_fits_teacher(config: PipelineConfig) -> None:
+def check_student_fits_teacher(config: PipelineConfig, teacher: PretrainedConfig | None = None) -> None:
     """The student's depth, heads and initialisation against the teacher's config (read from the given teacher or
-    the base model to fine-tune; no weights loaded).
+    the base model to fine-tune, unless ``teacher`` is that config already; no weights loaded).
 
     Raises:
         ConfigError: the layer map cannot be built (a student deeper than the teacher, a bad explicit map), the
@@ -53,7 +53,8 @@ def check_student_fits_teacher(config: PipelineConfig) -> None:
         CaptureError: a family whose attention scores cannot be captured (layer-wise losses on).
         ModelError: the teacher or student checkpoint cannot be found.
     """
-    teacher = load_model_config(config.teacher.model or config.teacher.base_model)
+    if teacher is None:
+        teacher = load_model_config(config.teacher.model or config.teacher.base_model)
     if config.teacher.model is not None:
         check_teacher_config(teacher, task_spec(config.task), config.teacher.model, config.teacher.remap_labels)
     if config.student.model is not None:
