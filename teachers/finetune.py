@@ -22,25 +22,50 @@ from teachers.models import ModelError, load_tokenizer, resolve_model
 logger = logging.getLogger(__name__)
 
 
-def chance_level(spec: TaskSpec, dev_labels=None) -> float:
-    """What a model that has learnt nothing scores on the task's primary metric (``spec.metrics[0]``).
+# The refusal bar of :func:`check_teacher_quality` and the "near chance" flag of the report and the card: chance plus
+# this much on the task's primary metric.
+CHANCE_MARGIN = 0.05
 
-    - accuracy: 1/C, the expected accuracy of a uniform guess;
-    - Matthews correlation, Pearson, Spearman: 0 (any constant or random guess is uncorrelated with the labels);
-    - F1 (of the positive class): that of the best constant guess, always "positive", 2p / (1 + p) for a positive
-      rate p in the dev labels (``dev_labels`` needed; 0.5 assumed without them).
+
+def chance(spec: TaskSpec, dev_labels=None) -> dict:
+    """What a model that has learnt nothing scores on the task's primary metric (``spec.metrics[0]``): the best
+    constant guess on this dev set.
+
+    - accuracy: the majority-class rate of the dev labels (a collapsed MRPC teacher that always says "equivalent"
+      scores 279 / 408 = 0.684 on the GLUE dev set, not 1/C = 0.5);
+    - F1 (of the positive class): always "positive", 2p / (1 + p) for a positive rate p in the dev labels;
+    - Matthews correlation, Pearson, Spearman: 0 (any constant guess is uncorrelated with the labels).
 
     Args:
         spec: the task.
-        dev_labels: (N,) dev label ids, for an F1 primary metric.
+        dev_labels: (N,) the main dev set's label ids; needed for accuracy and F1.
+
+    Returns:
+        {"metric": the primary metric, "value": chance on it, "basis": how it is reached, in words (e.g.
+        "majority class 'equivalent'")}.
+
+    Raises:
+        ValueError: accuracy or F1 without dev labels (or with none in them): chance depends on their class balance.
     """
     metric = spec.metrics[0]
     if metric in ("matthews_corrcoef", "pearson", "spearmanr") or spec.is_regression:
-        return 0.0
+        return {"metric": metric, "value": 0.0, "basis": "constant guess"}
+    labels = None if dev_labels is None else np.asarray(dev_labels, dtype=np.int64)
+    if labels is None or labels.size == 0:
+        raise ValueError(f"chance on {metric} is the best constant guess on the dev set, so it needs the dev labels "
+                         "(pass dev_labels)")
+    counts = np.bincount(labels, minlength=spec.num_labels)
     if metric == "f1":
-        positive = 0.5 if dev_labels is None else float(np.mean(np.asarray(dev_labels) == 1))
-        return 2 * positive / (1 + positive)
-    return 1.0 / spec.num_labels
+        positive = float(counts[1] / labels.size)
+        return {"metric": metric, "value": 2 * positive / (1 + positive), "basis": "always the positive class"}
+    majority = int(np.argmax(counts))
+    name = spec.label_names[majority] if majority < len(spec.label_names) else str(majority)
+    return {"metric": metric, "value": float(counts[majority] / labels.size), "basis": f"majority class {name!r}"}
+
+
+def chance_level(spec: TaskSpec, dev_labels=None) -> float:
+    """The value of :func:`chance` (same arguments, same errors)."""
+    return chance(spec, dev_labels)["value"]
 
 
 def dev_labels(data: datasets.DatasetDict, spec: TaskSpec):
@@ -50,20 +75,29 @@ def dev_labels(data: datasets.DatasetDict, spec: TaskSpec):
 
 
 def check_teacher_quality(metrics: dict, spec: TaskSpec, minimum: float | None, name: str, dev_labels=None) -> None:
-    """Refuse a teacher whose primary dev metric is below ``minimum`` (default: chance + 0.05, see
-    :func:`chance_level`).
+    """Refuse a teacher whose primary dev metric is below ``minimum`` (default: chance + :data:`CHANCE_MARGIN`, see
+    :func:`chance`; a teacher that always predicts the majority class is refused).
+
+    Args:
+        metrics: the teacher's dev metrics, {name: value}.
+        spec: the task.
+        minimum: the bar (``teacher.min_dev_metric``), or None for chance + 0.05.
+        name: the teacher, for the message.
+        dev_labels: (N,) the main dev set's label ids (needed by the default bar on accuracy and F1).
 
     Raises:
         ModelError: naming the metric, its value, the threshold and chance.
+        ValueError: the default bar on accuracy or F1 without ``dev_labels``.
     """
     metric = spec.metrics[0]
-    chance = chance_level(spec, dev_labels)
-    threshold = chance + 0.05 if minimum is None else minimum
+    level = chance(spec, dev_labels) if minimum is None or dev_labels is not None else None
+    threshold = level["value"] + CHANCE_MARGIN if minimum is None else minimum
     if metrics[metric] < threshold:
+        about = f"chance is {level['value']:.4f}, {level['basis']}" if level else "set by teacher.min_dev_metric"
         raise ModelError(
-            f"teacher {name!r} has dev {metric} {metrics[metric]:.4f}, below {threshold:.4f} (chance is "
-            f"{chance:.2f}): it is not fine-tuned for {spec.name} or is broken. Distilling it would give "
-            "a garbage student. Train it longer, or lower teacher.min_dev_metric if you mean it."
+            f"teacher {name!r} has dev {metric} {metrics[metric]:.4f}, below {threshold:.4f} ({about}): it is not "
+            f"fine-tuned for {spec.name} or is broken. Distilling it would give a garbage student. Train it longer, "
+            "or lower teacher.min_dev_metric if you mean it."
         )
 
 

@@ -1,12 +1,17 @@
 """Bad models give clear errors: not a classifier, wrong label count or order, no MLM head, other vocabulary."""
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 from transformers import BertForMaskedLM, BertModel, BertTokenizer
 
-from distill.data import get_task
+from distill.data import ASSETS, TASKS, get_task, read_glue_tsv
+from distill.evaluate import compute_metrics
 from students import build_student, student_shape
 from distill.config import StudentConfig
 from teachers import ModelError, check_same_vocabulary, check_teacher_quality, load_masked_lm, load_teacher
+from teachers.finetune import chance_level
 from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_bert_config
 
 
@@ -56,39 +61,97 @@ def test_student_vocabulary_must_equal_the_teachers(tiny_tokenizer):
 
 
 def test_teacher_near_chance_is_refused():
+    labels = [0] * 50 + [1] * 50
     with pytest.raises(ModelError, match="below 0.5500 .* not fine-tuned"):
-        check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), None, "t")
+        check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), None, "t", labels)
     check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), 0.5, "t")
 
 
-# Chance on each GLUE task's primary metric: what a constant or uniform guess scores there.
-CHANCE = {"cola": 0.0, "sst2": 0.5, "mrpc": 0.5, "stsb": 0.0, "qqp": 0.5, "mnli": 1 / 3, "qnli": 0.5, "rte": 0.5,
-          "wnli": 0.5}
+# Class counts of each GLUE task's dev set (the hub's validation split, MNLI's validation_matched), in label id order.
+GLUE_DEV_COUNTS = {"cola": [322, 721], "sst2": [428, 444], "mrpc": [129, 279], "qqp": [25545, 14885],
+                   "mnli": [3479, 3123, 3213], "qnli": [2702, 2761], "rte": [146, 131], "wnli": [40, 31]}
+# Chance on each task's primary metric: the best constant guess on that dev set (the majority rate for accuracy).
+CHANCE = {"cola": 0.0, "sst2": 444 / 872, "mrpc": 279 / 408, "stsb": 0.0, "qqp": 25545 / 40430,
+          "mnli": 3479 / 9815, "qnli": 2761 / 5463, "rte": 146 / 277, "wnli": 40 / 71}
+
+
+def _glue_dev_labels(task: str) -> np.ndarray:
+    """(N,) labels with the class balance of the task's GLUE dev set (STS-B: 1500 scores spread over 0..5)."""
+    if task == "stsb":
+        return np.linspace(0.0, 5.0, 1500)
+    counts = GLUE_DEV_COUNTS[task]
+    return np.repeat(np.arange(len(counts)), counts)
+
+
+def _outputs(spec, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """Model outputs that predict ``predictions``: (N, C) one-hot logits, or (N, 1) scores for regression."""
+    if spec.is_regression:
+        return predictions.reshape(-1, 1).astype(float)
+    return np.eye(spec.num_labels)[predictions]
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_a_teacher_that_always_predicts_the_majority_class_is_refused_on_every_glue_task(task):
+    """A collapsed teacher (one constant answer: the dev set's majority class, or a constant score) scores chance on
+    the primary metric and is refused; a teacher right on 6 of 7 dev examples passes."""
+    spec = get_task(task)
+    labels = _glue_dev_labels(task)
+    if spec.is_regression:
+        constant, good = np.full(len(labels), 2.5), labels + np.random.default_rng(0).normal(0, 0.5, len(labels))
+    else:
+        constant = np.full(len(labels), np.bincount(labels).argmax())
+        good = labels.copy()
+        good[::7] = (good[::7] + 1) % spec.num_labels
+    collapsed = compute_metrics(spec, _outputs(spec, labels, constant), labels)
+    assert collapsed[spec.metrics[0]] == pytest.approx(CHANCE[task])
+    with pytest.raises(ModelError, match=f"has dev {spec.metrics[0]} .* below {CHANCE[task] + 0.05:.4f}"):
+        check_teacher_quality(collapsed, spec, None, "collapsed", labels)
+    check_teacher_quality(compute_metrics(spec, _outputs(spec, labels, good), labels), spec, None, "good", labels)
 
 
 @pytest.mark.parametrize("task", sorted(CHANCE))
 def test_the_refusal_bar_is_chance_on_the_tasks_primary_metric_plus_005(task):
-    from teachers.finetune import chance_level
-
     spec = get_task(task)
-    assert chance_level(spec) == pytest.approx(CHANCE[task])
+    labels = _glue_dev_labels(task)
+    assert chance_level(spec, labels) == pytest.approx(CHANCE[task])
     metric = spec.metrics[0]
     with pytest.raises(ModelError, match=f"has dev {metric} .* below {CHANCE[task] + 0.05:.4f}"):
-        check_teacher_quality({metric: CHANCE[task] + 0.049}, spec, None, "just below")
-    check_teacher_quality({metric: CHANCE[task] + 0.051}, spec, None, "just above")
+        check_teacher_quality({metric: CHANCE[task] + 0.049}, spec, None, "just below", labels)
+    check_teacher_quality({metric: CHANCE[task] + 0.051}, spec, None, "just above", labels)
+
+
+def test_a_collapsed_mrpc_teacher_is_refused_and_the_message_names_the_majority_class():
+    """Finding 2 of issue 27: an MRPC teacher that always says "equivalent" scores 0.684; 1/C = 0.5 let it pass."""
+    labels = _glue_dev_labels("mrpc")
+    with pytest.raises(ModelError, match=r"dev accuracy 0.6838, below 0.7338 \(chance is 0.6838, majority class "
+                                         r"'equivalent'\)"):
+        check_teacher_quality({"accuracy": 279 / 408, "f1": 2 * 279 / 687}, get_task("mrpc"), None, "t", labels)
+
+
+def test_chance_on_accuracy_needs_the_dev_labels():
+    with pytest.raises(ValueError, match="needs the dev labels"):
+        chance_level(get_task("mrpc"))
+    assert chance_level(get_task("cola")) == 0.0 and chance_level(get_task("stsb")) == 0.0
+
+
+@pytest.mark.parametrize("task, folder", [("sst2", ASSETS / "sst2"), ("mrpc", Path("/work/shared/data/glue/MRPC"))])
+def test_the_glue_dev_class_counts_are_those_of_the_real_dev_files(task, folder):
+    """The counts above against the real dev files where they are here (the bundled SST-2 dev set is GLUE's)."""
+    if not (folder / "dev.tsv").is_file():
+        pytest.skip(f"no {folder}/dev.tsv")
+    labels = read_glue_tsv(folder / "dev.tsv", get_task(task))["label"]
+    assert np.bincount(labels).tolist() == GLUE_DEV_COUNTS[task]
 
 
 def test_a_matthews_teacher_of_04_is_accepted_and_a_constant_one_refused():
     """MCC 0.0 is a constant predictor; chance on MCC is 0, not 1/C, so a good teacher (0.4) passes."""
     check_teacher_quality({"matthews_corrcoef": 0.40}, get_task("cola"), None, "good")
-    with pytest.raises(ModelError, match="chance is 0.00"):
+    with pytest.raises(ModelError, match="chance is 0.0000, constant guess"):
         check_teacher_quality({"matthews_corrcoef": 0.0}, get_task("cola"), None, "constant")
 
 
 def test_an_f1_primary_metric_has_the_best_constant_guess_as_chance():
     import dataclasses
-
-    from teachers.finetune import chance_level
 
     spec = dataclasses.replace(get_task("mrpc"), metrics=("f1", "accuracy"))
     labels = [1] * 68 + [0] * 32  # always "positive" scores F1 = 2 · 0.68 / 1.68
