@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,15 +125,40 @@ def task_spec(config: TaskConfig) -> TaskSpec:
                     dev_file=config.dev_file or "", train_file=config.train_file)
 
 
+# A class with fewer than this share of the training examples is named in a warning (a typo is the usual cause).
+RARE_CLASS_SHARE = 0.01
+
+
 def _label_values(config: TaskConfig) -> list[str]:
+    """The classes of a user's task without ``label_names``: the distinct labels of its training file, sorted.
+
+    Raises:
+        DataError: fewer than two classes, or labels in the dev file that the training file does not have (a typo
+            would otherwise be a class of its own, or the run would fail later on one line of the dev file).
+    """
     train = read_table(config.train_file)
     require_columns(train, [config.label_column], config.train_file)
-    values = sorted({str(v) for v in train[config.label_column] if v is not None})
+    counts = Counter(str(v) for v in train[config.label_column] if v is not None)
+    values = sorted(counts)
     if all(v.lstrip("-").isdigit() for v in values):
         values.sort(key=int)
     if len(values) < 2:
         raise DataError(f"{config.train_file}: column {config.label_column!r} has {len(values)} distinct label(s) "
                         f"({values}); a classification task needs two or more, or set task.regression: true")
+    if config.dev_file:
+        dev = read_table(config.dev_file)
+        require_columns(dev, [config.label_column], config.dev_file)
+        known = {v.lower() for v in values}
+        unseen = sorted({str(v) for v in dev[config.label_column] if v is not None and str(v).lower() not in known})
+        if unseen:
+            raise DataError(f"{config.dev_file}: label(s) {unseen} are in the dev set but not in the training set "
+                            f"{config.train_file} (labels there: {values}); fix them, or set task.label_names to every "
+                            "class")
+    total = sum(counts.values())
+    for value in values:
+        if counts[value] < RARE_CLASS_SHARE * total:
+            logger.warning("task %s: label %r is on %d of %d training examples (under %.0f%%): a typo? fix it, or "
+                           "set task.label_names", config.name, value, counts[value], total, 100 * RARE_CLASS_SHARE)
     logger.info("task %s: labels %s (from %s; set task.label_names to fix their order)", config.name, values,
                 config.train_file)
     return values

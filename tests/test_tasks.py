@@ -89,6 +89,37 @@ def test_users_own_csv_and_jsonl_task(tmp_path):
         task_spec(TaskConfig(name="reviews"))
 
 
+def test_a_dev_label_the_training_file_lacks_is_an_error_naming_it(tmp_path):
+    """Finding 11 of issue 27: without task.label_names the classes come from the training file; a dev label that is
+    not among them (a typo) is named, with the fix, before anything is read further."""
+    (tmp_path / "train.csv").write_text("text,answer\n" + "a,yes\nb,no\n" * 5)
+    (tmp_path / "dev.csv").write_text("text,answer\nc,yes\nd,maybe\ne,no\nf,Perhaps\n")
+    config = TaskConfig(name="qa", train_file=str(tmp_path / "train.csv"), dev_file=str(tmp_path / "dev.csv"),
+                        text_columns=["text"], label_column="answer")
+    with pytest.raises(DataError, match=r"dev.csv: label\(s\) \['Perhaps', 'maybe'\] are in the dev set but not in "
+                                        r"the training set .*train.csv \(labels there: \['no', 'yes'\]\); fix them, "
+                                        r"or set task.label_names"):
+        task_spec(config)
+
+
+def test_a_class_under_1_percent_of_the_training_file_is_a_warning_naming_it(tmp_path, caplog):
+    rows = "a,yes\nb,no\n" * 60 + "c,maybe\n"
+    (tmp_path / "train.csv").write_text("text,answer\n" + rows)
+    (tmp_path / "dev.csv").write_text("text,answer\nc,yes\ne,no\n")
+    config = TaskConfig(name="qa", train_file=str(tmp_path / "train.csv"), dev_file=str(tmp_path / "dev.csv"),
+                        text_columns=["text"], label_column="answer")
+    with caplog.at_level("WARNING", logger="distill.data"):
+        assert task_spec(config).label_names == ("maybe", "no", "yes")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["task qa: label 'maybe' is on 1 of 121 training examples (under 1%): a typo? fix it, or set "
+                        "task.label_names"]
+    caplog.clear()
+    (tmp_path / "train.csv").write_text("text,answer\n" + "a,yes\nb,no\n" * 40 + "c,maybe\n")  # 1 of 81: no warning
+    with caplog.at_level("WARNING", logger="distill.data"):
+        task_spec(config)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_users_regression_task(tmp_path):
     (tmp_path / "train.tsv").write_text("a\tb\tscore\nx\ty\t1.5\nz\tw\t4\n")
     config = TaskConfig(name="sim", train_file=str(tmp_path / "train.tsv"), dev_file=str(tmp_path / "train.tsv"),
