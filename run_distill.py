@@ -20,15 +20,19 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "sst2_minilm.yaml"
+from distill.config import shipped_configs
+
+# The shipped configs: the repository's configs/ in a checkout, distill/configs/ in an installed wheel.
+DEFAULT_CONFIG = shipped_configs() / "sst2_minilm.yaml"
 SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
 PAIR_CONFIG = DEFAULT_CONFIG.with_name("pair_minilm.yaml")  # pipeline / seeds of a GLUE pair or regression task
+CONFIG_HELP = "YAML config: a file, or the name of a shipped config (configs/NAME.yaml or NAME.yaml: "
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help=f"YAML config (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])}; "
-                        f"pipeline and seeds of a GLUE pair or regression task: {PAIR_CONFIG.name})")
-    parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
+def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bool = True) -> None:
+    parser.add_argument("--config", help=f"{CONFIG_HELP}{', '.join(_shipped_names())}); default: {config_default}")
+    if output_dir:
+        parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
     parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
     _set_flag(parser)
@@ -69,21 +73,40 @@ def augment_flags() -> list[tuple[str, str, type, str]]:
     return command_line_options(AugmentConfig)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="run_distill.py", description="TinyBERT-style knowledge distillation")
+def _shipped_names() -> list[str]:
+    return sorted(path.name for path in shipped_configs().glob("*.yaml"))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tinydistill")
+    except PackageNotFoundError:
+        return "(not installed: run from a source checkout)"
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> argparse.Namespace:
+    """The command line's arguments; ``prog`` names the program in usage lines and messages (``run_distill.py`` as a
+    script, ``run-distill`` as the installed command)."""
+    parser = argparse.ArgumentParser(prog=prog, description="TinyBERT-style knowledge distillation")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()} (tinydistill)")
+    parser.set_defaults(prog=prog)
     commands = parser.add_subparsers(dest="command", required=True)
 
     pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
-    _common(pipeline)
+    _common(pipeline, "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: pair_minilm.yaml")
     pipeline.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
                           "`distill --stage general` (overrides student.model)")
+    pipeline.add_argument("--dry-run", action="store_true", help="print the resolved config and what each stage "
+                          "would do (run, resume, reuse, replace, skip) with its run id, then stop; nothing is written")
     pipeline.add_argument("--push-to-hub", metavar="REPO", help="upload the student folder with its model card to "
                           "this hub repository (overrides export.push_to_hub; needs a token: huggingface-cli login)")
 
     distill = commands.add_parser("distill", help="general distillation on a text corpus (--stage general), or task "
                                   "distillation (--stage task: the pipeline)")
-    _common(distill)
+    _common(distill, "sst2_minilm.yaml (--stage general: its general section)")
     distill.add_argument("--stage", choices=["general", "task"], required=True)
     distill.add_argument("--teacher", help="general: pre-trained encoder (hub name, folder, 'minilm'); task: a "
                          "fine-tuned classifier")
@@ -96,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     seeds = commands.add_parser("seeds", help="the pipeline once per seed, then the mean and spread of teacher, student "
                                 "and retained metric over the runs")
-    _common(seeds)
+    _common(seeds, "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: pair_minilm.yaml")
     seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
                        "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed; OUTPUT_DIR defaults to the "
                        "config's output_dir + '_seeds')")
@@ -106,11 +129,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
-    _common(sweep)
+    _common(sweep, "sweep_sst2.yaml")
 
     bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
                                 "with int8 and ONNX Runtime variants")
-    _common(bench)
+    _common(bench, "sst2_minilm.yaml (give the config the students were made with: it sets the task, its data and dev subset)")
     bench.add_argument("--teacher", required=True, help="teacher checkpoint folder, or a pipeline output folder")
     bench.add_argument("--student", action="append", required=True, help="student checkpoint folder or pipeline "
                        "output folder (repeat for several)")
@@ -118,12 +141,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32, int8) checked on the "
                                  "dev set, and its model card")
-    _common(export)
+    _common(export, "the config.json of the pipeline output folder that --student names (or holds it), else sst2_minilm.yaml", output_dir=False)
     export.add_argument("--student", required=True, help="student checkpoint folder, or a pipeline output folder")
     export.add_argument("--int8", action="store_true", help="also write model_quantized.onnx (int8 weights)")
 
     mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
-    mlm.add_argument("--config", help="YAML config whose mlm section is used")
+    mlm.add_argument("--config", help=f"{CONFIG_HELP}{', '.join(_shipped_names())}) whose mlm section is used; default: none, the built-in defaults")
     mlm.add_argument("--model", help="encoder (hub name, folder, or 'minilm'); overrides mlm.base_model")
     mlm.add_argument("--corpus", nargs="+", help="text files, one sentence a line (.txt/.gz); overrides mlm.corpus")
     mlm.add_argument("--max-steps", type=int, help="optimizer steps (overrides mlm.train.max_steps)")
@@ -131,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _set_flag(mlm)
 
     augment = commands.add_parser("augment", help="TinyBERT data augmentation of a training set")
-    _common(augment)
+    _common(augment, "none, the built-in defaults of every field")
     augment.add_argument("--input", help="a .csv/.tsv/.jsonl file, a save_to_disk folder, or a hub dataset name[:config] "
                          "(default: the training set of --task)")
     augment.add_argument("--text-columns", nargs="+", help="column(s) to augment (default: the first pair or column "
@@ -146,14 +169,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _setup_logging(output_dir: Path | None) -> None:
+    """Log INFO and above to stderr and ``output_dir/run.log``; the libraries' INFO chatter is left out.
+
+    Raises:
+        ConfigError: ``output_dir`` (or a folder above it) is a file.
+    """
     import transformers
+
+    from distill.config import check_output_dir
+    from distill.logs import FORMAT, quiet_libraries
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if output_dir is not None:
+        check_output_dir(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(output_dir / "run.log", encoding="utf-8"))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, handlers=handlers)
+    quiet_libraries()
     transformers.logging.set_verbosity_error()  # expected "newly initialised head" load reports are noise here
+    transformers.logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars on every load
 
 
 def _join_process_group() -> None:
@@ -181,13 +215,15 @@ def _pair_task(name: str | None) -> bool:
     return spec is not None and (len(spec.text_columns) == 2 or spec.is_regression)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
+    args = parse_args(argv, prog)
     _join_process_group()
     defaults = {"pipeline": DEFAULT_CONFIG, "seeds": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG,
                 "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
-    overrides = {"output_dir": args.output_dir}
+    overrides = {"output_dir": getattr(args, "output_dir", None)}
+    if args.command == "export":
+        config_file, overrides["output_dir"] = _export_config(args, config_file)
     if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task):
         config_file = str(PAIR_CONFIG)
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
@@ -217,6 +253,24 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def console_main() -> int:
+    """The installed ``run-distill`` command."""
+    return main(prog="run-distill")
+
+
+def _export_config(args: argparse.Namespace, config_file: str) -> tuple[str, str]:
+    """``export``'s config file and output folder (its run.log): without --config, the config.json of the pipeline
+    output folder the student came from, so the files are checked on the dev set the student was scored on."""
+    from distill.export import pipeline_folder_of
+
+    run = pipeline_folder_of(Path(args.student))
+    if args.config is None and run is not None:
+        config_file = str(run / "config.json")
+        print(f"config: {config_file}, the config the student was made with (--config FILE for another)",
+              file=sys.stderr)
+    return config_file, str(run if run is not None else Path(args.student))
+
+
 def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> int:
     from distill.config import load_config
 
@@ -226,7 +280,7 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
         config = load_config(config_file, overrides, ignore_none=False)
         if args.command == "seeds" and args.output_dir is None:  # beside the plain job's folder, not inside it
             config = dataclasses.replace(config, output_dir=f"{config.output_dir}_seeds")
-        _setup_logging(Path(config.output_dir))
+        _setup_logging(None if getattr(args, "dry_run", False) else Path(config.output_dir))
         return COMMANDS[args.command](config, args)
     except KnownErrors() as error:
         print(f"error: {error}", file=sys.stderr)
@@ -265,18 +319,29 @@ def KnownErrors() -> tuple[type[Exception], ...]:
     return ConfigError, DataError, ModelError, CheckpointError, VectorsError, CaptureError, NonFiniteLossError
 
 
-def _command_line() -> str:
+def _command_line(prog: str) -> str:
     """The command as typed, for model cards (flags and values quoted as a shell would need them)."""
     import shlex
 
-    return " ".join(["python", "run_distill.py", *[shlex.quote(a) for a in sys.argv[1:]]])
+    program = ["python", prog] if prog.endswith(".py") else [prog]
+    return " ".join([*program, *[shlex.quote(a) for a in sys.argv[1:]]])
 
 
 def run_pipeline_command(config, args) -> int:
-    from distill.pipeline import run_pipeline
+    from distill.pipeline import plan_markdown, plan_pipeline, run_pipeline
+
+    if getattr(args, "dry_run", False):
+        import yaml
+
+        from distill.config import to_dict
+
+        print(yaml.safe_dump(to_dict(config), sort_keys=False).rstrip())
+        print()
+        print(plan_markdown(plan_pipeline(config)))
+        return 0
 
     start = time.perf_counter()
-    report = run_pipeline(config, command=_command_line())
+    report = run_pipeline(config, command=_command_line(args.prog))
     out = Path(config.output_dir)
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"done in {time.perf_counter() - start:.0f} s; student: {out / 'student'}; report: {out / 'report.md'}")
@@ -287,7 +352,7 @@ def run_seeds_command(config, args) -> int:
     from distill.seeds import run_seeds
 
     start = time.perf_counter()
-    run_seeds(config, args.seeds, command=_command_line())
+    run_seeds(config, args.seeds, command=_command_line(args.prog))
     out = Path(config.output_dir)
     print((out / "seeds.md").read_text(encoding="utf-8"))
     print(f"{len(args.seeds)} runs done in {time.perf_counter() - start:.0f} s; summary: {out / 'seeds.md'}")
@@ -308,7 +373,7 @@ def run_distill_command(config, args) -> int:
     print(f"general distillation: {record['steps']} steps, {record['samples']} sequences in {record['seconds']:.0f} s; "
           f"final losses {record['final']}")
     print(f"student encoder saved to {folder}; distil it on a task with "
-          f"`python run_distill.py pipeline --student {folder}`")
+          f"`{'python ' if args.prog.endswith('.py') else ''}{args.prog} pipeline --student {folder}`")
     return 0
 
 

@@ -10,12 +10,14 @@ complete and is skipped on re-run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -287,3 +289,80 @@ def finished_or_superseded(directory: Path, run_id: str) -> dict | None:
         logger.warning("%s held the output of another run (run id %s, this run %s): the settings it depends on "
                        "changed. Moved it to %s; running the stage again.", directory, old, run_id, target)
     return stage_done(directory, run_id)
+
+
+def stage_status(directory: Path, run_id: str) -> str:
+    """What running the stage in ``directory`` under ``run_id`` would do, without touching the folder: ``reuse``
+    (finished under this run id), ``resume`` (checkpoints or shards of this run id), ``replace`` (it holds another run's
+    output, which would be moved to ``superseded/``) or ``run``."""
+    found = folder_run_ids(directory)
+    if found - {run_id}:
+        return "replace"
+    marker = directory / STAGE_FILE
+    if run_id in found and marker.is_file():
+        return "reuse"
+    return "resume" if run_id in found else "run"
+
+
+LOCK_FILE = ".lock"
+
+
+class FolderInUseError(CheckpointError):
+    """Another live process is running a job in the same output folder."""
+
+
+@contextlib.contextmanager
+def output_lock(folder: Path, command: str | None = None):
+    """Hold ``folder`` for this process while the block runs: a second run in the same output folder is refused.
+
+    The lock is an exclusive ``flock`` on ``<folder>/.lock``, which the kernel releases on any exit of the process,
+    a crash or ``kill -9`` included; the file names its holder (pid, command, start time) for the refusal message.
+    A file left by a killed run is therefore not a lock: it is taken over, with a note in the log. Under a
+    multi-process launch only the first process (``RANK`` 0) takes it.
+
+    Raises:
+        FolderInUseError: a live process holds the folder; the message names it.
+    """
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if int(os.environ.get("RANK", "0")) != 0:  # under `accelerate launch`, the first process holds it for the job
+        yield
+        return
+    path = folder / LOCK_FILE
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = _lock_holder(handle.read())
+        handle.close()
+        raise FolderInUseError(
+            f"{folder} is in use by process {holder.get('pid', '?')} ({holder.get('command') or 'command unknown'}, "
+            f"started {holder.get('started', '?')}): wait for it to finish or stop it, or give this run another "
+            "--output-dir") from None
+    handle.seek(0)
+    stale = _lock_holder(handle.read())
+    if stale.get("pid") not in (None, os.getpid()):
+        logger.info("%s: the lock of process %s (%s) was left by a run that ended without releasing it; taken over",
+                    folder, stale["pid"], stale.get("command"))
+    handle.seek(0)
+    handle.truncate()
+    json.dump({"pid": os.getpid(), "command": command or " ".join(sys.argv),
+               "started": time.strftime("%Y-%m-%d %H:%M:%S")}, handle)
+    handle.flush()
+    try:
+        yield
+    finally:
+        handle.seek(0)
+        handle.truncate()  # an empty lock file names no holder
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def _lock_holder(text: str) -> dict:
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}

@@ -12,7 +12,6 @@ into the next one; a sentence longer than a whole sequence is cut into pieces.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -24,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from distill.checkpoint import mark_stage_done, stage_done
 from distill.data import ASSETS, DataError
+from distill.fingerprints import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -145,22 +145,10 @@ def corpus_fingerprint(sources: list[str], tokenizer_name: str, max_seq_length: 
     for source in sources:
         path = Path(source)
         if path.is_file():
-            stat = path.stat()
-            parts.append(f"sha256:{_file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}")
+            parts.append(f"sha256:{file_sha256(path)}")
         else:
             parts.append(source)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=64)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB blocks (about a second per GB); remembered for the process while the
-    file's size and modification time stay the same, so a job that names its corpus several times reads it once."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_packed_corpus(

@@ -30,6 +30,7 @@ from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.data import collator
+from distill.fingerprints import content_or_name
 from distill.device import run_device
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
@@ -72,9 +73,15 @@ def general_config(config: PipelineConfig, for_pipeline: bool = True) -> General
 
 
 def general_run_id(config: GeneralConfig) -> tuple[str, str]:
-    """Fingerprints of a general distillation (its settings and the corpus) and of its packed corpus."""
-    corpus = corpus_fingerprint(corpus_sources(config.corpus), config.teacher, config.max_seq_length)
+    """Fingerprints of a general distillation (its settings and the corpus) and of its packed corpus.
+
+    A teacher given as a local folder counts by its files' bytes (:func:`distill.fingerprints.content_or_name`), so
+    two different teachers saved at the same path (``runs/teacher`` of two projects) get two cache entries, and a copy
+    of the same teacher elsewhere finds the entry again; a hub name or ``minilm`` counts by its name."""
+    teacher = content_or_name(config.teacher)
+    corpus = corpus_fingerprint(corpus_sources(config.corpus), teacher, config.max_seq_length)
     settings = {k: v for k, v in to_dict(config).items() if k not in NOT_IN_RUN_ID}
+    settings["teacher"] = teacher
     return fingerprint(settings, corpus), corpus
 
 

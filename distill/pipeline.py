@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import datasets
@@ -31,10 +32,17 @@ from augment import (
     generator_factory,
     load_shards,
 )
-from distill.card import describe_init, push_to_hub, recipe_lines, student_card
-from distill.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started, write_json_atomic
+from distill.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
+from distill.checkpoint import (
+    finished_or_superseded,
+    mark_stage_done,
+    mark_stage_started,
+    output_lock,
+    stage_status,
+    write_json_atomic,
+)
 from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict
-from distill.data import TaskSpec, collator, load_task_data, task_spec, tokenize
+from distill.data import DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
 from distill.export import export_student
@@ -50,7 +58,16 @@ from distill.general import (
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
 from distill.preflight import preflight
-from distill.report import build_report, count_parameters, size_mb, stage_seconds, time_models, write_report
+from distill.report import (
+    build_report,
+    count_parameters,
+    size_mb,
+    stage_seconds,
+    stored_timing,
+    time_models,
+    timing_key,
+    write_report,
+)
 from distill.stages import STAGES, ConfigView
 from distill.trainer import train
 from students import build_student, student_shape
@@ -62,7 +79,7 @@ from teachers import (
     load_teacher,
     load_tokenizer,
 )
-from teachers.finetune import dev_labels
+from teachers.finetune import chance, dev_labels
 from teachers.models import load_config as load_model_config
 
 logger = logging.getLogger(__name__)
@@ -166,15 +183,26 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
     return reference
 
 
-def _student(config: ConfigView, teacher, teacher_tokenizer, layer_map: list[int], start: str | None = None):
-    """A new student of ``config.student``'s shape, or one started from a checkpoint (``student.model``, or the
-    general-distilled ``start``) with the teacher's labels and a new head."""
+def problem_type(spec: TaskSpec) -> str:
+    """The ``problem_type`` of a classifier for the task: "regression" (one output, MSE, no sigmoid in
+    ``pipeline()``) or "single_label_classification" (softmax over the classes)."""
+    return "regression" if spec.is_regression else "single_label_classification"
+
+
+def _student(config: ConfigView, spec: TaskSpec, teacher, teacher_tokenizer, layer_map: list[int] | None,
+             start: str | None = None):
+    """A new student of ``config.student``'s shape (its layers cut from teacher layers ``layer_map`` with init
+    "teacher"), or one started from a checkpoint (``student.model``, or the general-distilled ``start``) with the
+    teacher's labels and a new head; either way with the task's ``problem_type`` (regression: one output, so that
+    ``pipeline()`` returns the score and applies no sigmoid)."""
     start = config.student.model or start
     if start is None:
-        return build_student(teacher, config.student, layer_map)
+        student = build_student(teacher, config.student, layer_map)
+        student.config.problem_type = problem_type(spec)
+        return student
     check_same_vocabulary(teacher_tokenizer, load_tokenizer(start), start)
     return AutoModelForSequenceClassification.from_pretrained(
-        start, num_labels=teacher.config.num_labels, id2label=teacher.config.id2label,
+        start, num_labels=spec.num_labels, problem_type=problem_type(spec), id2label=teacher.config.id2label,
         label2id=teacher.config.label2id,
     )
 
@@ -242,21 +270,25 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec)
     terms = intermediate_terms(config.distill.weights)
+    start = config.student.model or general["folder"]
+    cut = start is None and config.student.init == "teacher"  # student layers copied from teacher layers
+    # The configured map picks the teacher layers a cut student copies also when no layer is matched (logit-only).
     layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers,
                                  _student_layers(config, teacher.config, general["folder"]))
-                 if terms else None)
+                 if terms or cut else None)
     set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
-    student = _student(config, teacher, tokenizer, layer_map, start=general["folder"])
+    student = _student(config, spec, teacher, tokenizer, layer_map, start=general["folder"])
+    record = {"copied_layers": layer_map if cut else None, "start": start or config.student.init,
+              "device": str(device)}
     if not terms:  # logit-only distillation: the student goes straight to the prediction step
         logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
         student.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "device": str(device)})
+        return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "weights": {}, **record})
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
                               config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"])
     save_projections(objective, folder)
-    return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "device": str(device),
-                                            "start": general["folder"] or config.student.model or config.student.init})
+    return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "weights": terms, **record})
 
 
 def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
@@ -284,7 +316,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
                   list(range(1, student.config.num_hidden_layers + 1)))  # no layer is matched: logits alone
     metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
     logger.info("student dev metrics: %s", metrics)
-    return mark_stage_done(folder, run_id, {"dev": metrics, "device": str(device)})
+    return mark_stage_done(folder, run_id, {"dev": metrics, "weights": {"prediction": weight}, "device": str(device)})
 
 
 def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
@@ -328,10 +360,18 @@ def stages_used(config: PipelineConfig) -> list[str]:
 
 
 def report_stage(config: PipelineConfig, teacher_record: dict, student_record: dict, out: Path, *,
-                 device: torch.device) -> dict:
+                 device: torch.device, chance: dict | None = None, run: dict | None = None) -> dict:
     """Time teacher and student interleaved on the CPU (and on ``device`` too when it is an accelerator) and write
-    ``report.json`` / ``report.md``."""
+    ``report.json`` / ``report.md``.
+
+    A re-run whose models (the teacher and student stages' run ids) and timing setup are those ``report.json`` was
+    timed with reuses that timing (:func:`distill.report.timing_key`), so the same models do not get new latency
+    numbers on every run; the report says when they were timed. ``chance`` (:func:`teachers.finetune.chance`) flags
+    a model at chance; ``run`` (task, data, config) heads report.md (see :func:`distill.report.build_report`)."""
     _banner("report", out)
+    accelerator = device.type if is_accelerator(device) else None
+    key = timing_key({"teacher": teacher_record["run_id"], "student": student_record["run_id"]}, config.report,
+                     accelerator)
     models, entries = {}, {}
     for name, record in (("teacher", teacher_record), ("student", student_record)):
         folder = out / name
@@ -339,17 +379,33 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
         models[name] = model
         entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model),
                          **({"selection": record["selection"]} if "selection" in record else {})}
-    timings = [time_models(models, config.report)]
-    if is_accelerator(device):
-        timings.append(time_models(models, config.report, device, prefix=f"{device.type}_"))
+    stored = stored_timing(out, key)
+    if stored is not None:
+        timed_at = stored["teacher"].pop("timed_at")
+        stored["student"].pop("timed_at")
+        logger.info("report: these models were timed %s with the same settings; that timing is reused (delete "
+                    "report.json to time again)", timed_at)
+        timings, timed = [stored], {"key": key, "timed_at": timed_at, "reused": True}
+    else:
+        timed = {"key": key, "timed_at": datetime.now().astimezone().isoformat(timespec="seconds"), "reused": False}
+        timings = [time_models(models, config.report)]
+        if accelerator:
+            timings.append(time_models(models, config.report, device, prefix=f"{device.type}_"))
     for timing in timings:
         for name, values in timing.items():
             entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
             entries[name].update(values)
-    report = build_report(entries, config.report, accelerator=device.type if is_accelerator(device) else None,
-                          stages=stage_seconds(out, stages_used(config)))
+    report = build_report(entries, config.report, accelerator=accelerator,
+                          stages=stage_seconds(out, stages_used(config)), chance=chance, run=run, timed=timed)
     write_report(report, out)
     return report
+
+
+def run_record(spec: TaskSpec, source: DataSource, out: Path) -> dict:
+    """What a run used, for its report and card: the task, the data (:class:`distill.data.DataSource` with its
+    description) and the config file."""
+    return {"task": spec.name, "data": {**dataclasses.asdict(source), "description": source.describe()},
+            "config": str(out / "config.json")}
 
 
 def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, report: dict,
@@ -364,11 +420,13 @@ def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         label = f"teacher (`{config.teacher.model or config.teacher.base_model}`, fine-tuned)" if name == "teacher" else "student"
         rows.append({"name": label, "dev": entry["dev"], "num_parameters": entry["num_parameters"],
                      "size_mb": entry["size_mb"], "faster_by": entry["ratios"]["faster_by"],
-                     "retained": entry["ratios"]["metric_retained"],
-                     "latency_ms": {k: v["median"] for k, v in entry["latency_ms"].items()}})
+                     "faster_by_range": entry["ratios"].get("faster_by_range"),
+                     "retained": entry["ratios"]["metric_retained"], "latency_ms": entry["latency_ms"]})
     card = student_card(name=f"{Path(config.output_dir).name}-student", spec=spec,
                         teacher=config.teacher.model or config.teacher.base_model, rows=rows, recipe=recipe,
-                        command=command, export=export, license=config.export.license)
+                        command=command, export=export, license=config.export.license,
+                        data=(report.get("run") or {}).get("data"), chance=report.get("chance"),
+                        latency_note=latency_note(report["timing"]))
     card.save(folder / "README.md")
     if config.export.push_to_hub:
         push_to_hub(folder, config.export.push_to_hub)
@@ -378,16 +436,18 @@ def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     """The stages every student of a run shares: config record, task data, teacher, augmented training set.
 
     Returns:
-        (output folder, task spec, task data, teacher stage record, training set, its run id).
+        (output folder, task spec, task data, its :class:`~distill.data.DataSource`, teacher stage record,
+        training set, its run id).
     """
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "config.json", to_dict(config))
     spec = task_spec(config.task)
-    data = load_task_data(config.task, spec)
+    data, source = load_task_data_with_source(config.task, spec)
+    # Written once the config and the data are known to be good: a run refused before here leaves a finished
+    # folder's record of its config as it was.
+    write_json_atomic(out / "config.json", to_dict(config))
     teacher_record = teacher_stage(config, spec, data, out, device=device)
     train_data, data_run_id = augment_stage(config, spec, data, out, device=device)
-    return out, spec, data, teacher_record, train_data, data_run_id
+    return out, spec, data, source, teacher_record, train_data, data_run_id
 
 
 def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dict:
@@ -400,6 +460,9 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
 
     Returns:
         The benchmark report.
+
+    Raises:
+        FolderInUseError: another process is running a job in ``output_dir``.
     """
     from distill.benchmark import resolve_model_folder, run_benchmark
 
@@ -411,7 +474,14 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
         preflight(entries[entry.name])
     device = device if device is not None else run_device()
-    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
+    with output_lock(Path(config.output_dir)):
+        return _sweep(config, entries, device)
+
+
+def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict:
+    from distill.benchmark import resolve_model_folder, run_benchmark
+
+    out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     students = {}
     for name, student_config in entries.items():
         _banner(f"sweep student {name}", out / "students" / name)
@@ -434,32 +504,110 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
                       "faster_by": rows[label]["ratios"]["faster_by"], "retained": rows[label]["ratios"]["metric_retained"],
                       "latency_ms": rows[label]["latency_ms"]} for label in ("teacher", name)]
         step1 = json.loads((out / "students" / name / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
+        step2 = json.loads((out / "students" / name / "student" / "stage.json").read_text(encoding="utf-8"))
         general = json.loads((out / "students" / name / "general.json").read_text(encoding="utf-8"))
-        recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data))
+        recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data), step2)
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
                      command=f"python run_distill.py sweep --config {out / 'config.json'}",
-                     license=config.export.license).save(out / "students" / name / "student" / "README.md")
+                     license=config.export.license, data=run_record(spec, source, out)["data"],
+                     chance=chance(spec, dev_labels(data, spec)),
+                     latency_note="Latency from the benchmark of the sweep (see benchmark/benchmark.md of the run)."
+                     ).save(out / "students" / name / "student" / "README.md")
     return report
 
 
 def run_pipeline(config: PipelineConfig, device: torch.device | None = None, command: str | None = None) -> dict:
     """Run every stage of the main job (skipping finished ones) and return the report.
 
+    One run at a time per output folder: the folder is locked while the job runs
+    (:func:`distill.checkpoint.output_lock`).
+
     Args:
         config: the job.
         device: where every stage computes (None: :func:`distill.device.run_device`, accelerate's choice).
         command: the command line that started it, for the model card (None: the one that reruns the saved config).
+
+    Raises:
+        FolderInUseError: another process is running a job in ``output_dir``; and whatever a stage raises
+            (ConfigError, DataError, ModelError, ...), finished stages kept.
     """
     preflight(config)
     device = device if device is not None else run_device()
     logger.info("device: %s", device)
-    out, spec, data, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
+    with output_lock(Path(config.output_dir), command):
+        return _pipeline(config, device, command)
+
+
+def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:
+    out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out, device=device)
-    report = report_stage(config, teacher_record, student_record, out, device=device)
+    report = report_stage(config, teacher_record, student_record, out, device=device,
+                          chance=chance(spec, dev_labels(data, spec)), run=run_record(spec, source, out))
     general = json.loads((out / "general.json").read_text(encoding="utf-8"))
     step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
-    recipe = recipe_lines(config, teacher_record, general, step1, len(train_data))
+    recipe = recipe_lines(config, teacher_record, general, step1, len(train_data), student_record)
     publish_stage(config, spec, data, out, report, recipe,
                   command or f"python run_distill.py pipeline --config {out / 'config.json'}")
     return report
+
+
+def plan_pipeline(config: PipelineConfig) -> list[dict]:
+    """What :func:`run_pipeline` would do with ``config``, read from the output folder and the cache without changing
+    anything (``pipeline --dry-run``).
+
+    Returns:
+        One row per stage, in order: ``stage``, ``folder``, ``run_id`` and ``action``: ``reuse`` (finished under this
+        run id), ``resume`` (unfinished work of this run id), ``run``, ``replace`` (the folder holds another run's
+        output, moved to ``superseded/`` when the job runs) or ``skip``; ``why`` says why a stage is skipped.
+
+    Raises:
+        ConfigError, ModelError: what :func:`distill.preflight.preflight` refuses before any stage.
+    """
+    preflight(config)
+    out = Path(config.output_dir)
+    rows: list[dict] = []
+
+    def add(stage: str, folder: Path | None, run_id: str | None, why: str | None = None) -> str | None:
+        action = "skip" if why else stage_status(folder, run_id) if folder is not None else "run"
+        rows.append({"stage": stage, "folder": str(folder) if folder else None, "run_id": run_id, "action": action,
+                     **({"why": why} if why else {})})
+        return run_id
+
+    teacher_id = add("teacher", out / "teacher", STAGES["teacher"].run_id(config, {}))
+    if not config.augment.enabled:
+        add("mlm", None, None, "augment.enabled is false")
+        add("augmented", None, None, "augment.enabled is false")
+        data_id = STAGES["augmented"].run_id(config, {"mlm": "none"})
+    else:
+        if config.mlm.model is not None:
+            mlm_id = "given"
+            add("mlm", None, None, "mlm.model is given")
+        else:
+            mlm_id = add("mlm", out / "mlm", STAGES["mlm"].run_id(config, {}))
+        data_id = add("augmented", out / "augmented", STAGES["augmented"].run_id(config, {"mlm": mlm_id}))
+    if not config.general.enabled or config.student.model is not None:
+        general_id = "none"
+        add("general", None, None, "student.model is given" if config.general.enabled else "general.enabled is false")
+    else:
+        general = general_config(config)
+        general_id = general_run_id(general)[0]
+        add("general", cache_folder(general, general_id), general_id)
+    step1_id = add("student_intermediate", out / "student_intermediate", STAGES["student_intermediate"].run_id(
+        config, {"teacher": teacher_id, "augmented": data_id, "general": general_id}))
+    logits_id = add("teacher_logits", out / "teacher_logits",
+                    STAGES["teacher_logits"].run_id(config, {"teacher": teacher_id, "augmented": data_id}))
+    add("student", out / "student", STAGES["student"].run_id(
+        config, {"student_intermediate": step1_id, "teacher_logits": logits_id}))
+    add("report", None, None)
+    add("export", None, None, None if config.export.onnx else "export.onnx is false")
+    return rows
+
+
+def plan_markdown(rows: list[dict]) -> str:
+    """:func:`plan_pipeline`'s rows as a plain-text table, one stage a line."""
+    lines = [f"{'stage':<22}{'action':<9}{'run id':<18}folder"]
+    for row in rows:
+        where = row.get("why") and f"({row['why']})" or row["folder"] or ""
+        lines.append(f"{row['stage']:<22}{row['action']:<9}{row['run_id'] or '-':<18}{where}")
+    return "\n".join(lines)

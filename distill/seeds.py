@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from distill.checkpoint import write_json_atomic
+from distill.checkpoint import output_lock, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.pipeline import run_pipeline
 from distill.report import task_seconds
@@ -66,13 +66,14 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
     base = Path(config.output_dir)
     configs = {seed: seeded(config, seed, base / f"seed-{seed}") for seed in seeds}  # every check before any run
     reports = {}
-    for number, (seed, run_config) in enumerate(configs.items(), 1):
-        logger.info("=== seed %d (%d of %d) -> %s", seed, number, len(seeds), run_config.output_dir)
-        reports[seed] = run_pipeline(run_config, device)
-    summary = summarize(reports)
-    summary["command"] = command
-    write_json_atomic(base / "seeds.json", summary)
-    (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
+    with output_lock(base, command):  # each seed's own folder is locked by its pipeline
+        for number, (seed, run_config) in enumerate(configs.items(), 1):
+            logger.info("=== seed %d (%d of %d) -> %s", seed, number, len(seeds), run_config.output_dir)
+            reports[seed] = run_pipeline(run_config, device)
+        summary = summarize(reports)
+        summary["command"] = command
+        write_json_atomic(base / "seeds.json", summary)
+        (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
     return summary
 
 

@@ -9,6 +9,10 @@ step after it, and reuse the teacher.
 A stage's code sees the config only through :meth:`StageSpec.view`, which refuses a field the stage did not declare
 (:class:`UndeclaredFieldError`), so the declaration cannot fall behind the code: a stage that starts reading a new
 field fails its first test until the field is declared, and with it enters the run id.
+
+A declared field that names a local file or folder (:data:`INPUT_FIELDS`) enters the run id by the bytes it names
+(:mod:`distill.fingerprints`), not by its spelling: editing a data file, or retraining a teacher into the same
+folder, re-runs the stages that read it (and those after them); a hub name or a bundled asset counts by its name.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distill.config import fingerprint, to_dict
+from distill.fingerprints import content_or_name, task_data_files
 from distill.terms import terms_of
 
 # Fields any stage may read that do not change its output.
@@ -52,6 +57,7 @@ class StageSpec:
         if missing:
             raise ValueError(f"stage {self.name}: run ids of its inputs {missing} are needed")
         values = {path: _plain(_lookup(config, path)) for path in self.reads}
+        _with_contents(values, config)
         for neutral in self.neutral:  # a speed-only field inside a hashed section
             for path, value in values.items():
                 if neutral.startswith(path + ".") and isinstance(value, dict):
@@ -61,6 +67,29 @@ class StageSpec:
     def view(self, config: Any) -> "ConfigView":
         """``config`` as this stage may see it: the declared fields (and the neutral ones) only."""
         return ConfigView(config, "", frozenset((*self.reads, *self.neutral, *ALWAYS_READABLE)), self.name)
+
+
+# Config fields that name files or folders a stage loads: a local one counts by its bytes (a list field, item by item).
+INPUT_FIELDS = ("task.data_dir", "task.train_file", "task.dev_file", "teacher.model", "teacher.base_model",
+                "mlm.model", "mlm.base_model", "mlm.corpus", "student.model")
+
+
+def _with_contents(values: dict[str, Any], config: Any) -> None:
+    """Replace, in the hashed ``values`` ({declared path: value}), each :data:`INPUT_FIELDS` entry that names a local
+    file or folder with ``sha256:<digest>`` of its bytes (a data folder: the files its task reads)."""
+    for field_path in INPUT_FIELDS:
+        declared = next((p for p in values if field_path == p or field_path.startswith(p + ".")), None)
+        if declared is None:
+            continue
+        parent, key = values, declared
+        for part in field_path[len(declared) + 1:].split(".") if field_path != declared else []:
+            parent, key = parent.get(key) if isinstance(parent, dict) else None, part
+        if not isinstance(parent, dict) or key not in parent:
+            continue
+        names = task_data_files(_lookup(config, "task")) if field_path == "task.data_dir" else None
+        value = parent[key]
+        parent[key] = ([content_or_name(v) for v in value] if isinstance(value, list)
+                       else content_or_name(value, names))
 
 
 def _lookup(node: Any, path: str) -> Any:

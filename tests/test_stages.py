@@ -117,3 +117,101 @@ def test_the_general_stage_is_made_once_and_reused_by_another_output_folder(fini
     shape = dataclasses.replace(config.student, hidden_size=8, intermediate_size=16)
     run_pipeline(dataclasses.replace(other, student=shape))
     assert json.loads((out.parent / "other" / "general.json").read_text())["run_id"] != general["run_id"]
+
+
+def _status(config) -> dict[str, str]:
+    from distill.pipeline import plan_pipeline
+
+    return {row["stage"]: row["action"] for row in plan_pipeline(config)}
+
+
+def test_a_dry_run_reads_the_finished_folder_and_changes_nothing(finished_run):
+    config, out = finished_run
+    before = _markers(out)
+    assert {stage: action for stage, action in _status(config).items() if stage in (*STAGE_FOLDERS, "general")} == {
+        stage: "reuse" for stage in (*STAGE_FOLDERS, "general")}
+    hotter = dataclasses.replace(config, distill=dataclasses.replace(config.distill, temperature=2.0))
+    planned = _status(hotter)
+    assert planned["student"] == "replace" and planned["student_intermediate"] == "reuse"
+    assert _markers(out) == before and not (out / "superseded").exists()  # the plan moved nothing
+    run_pipeline(hotter)
+    assert _changed(before, _markers(out)) == {stage for stage, action in planned.items() if action != "reuse"
+                                               and stage in STAGE_FOLDERS}
+
+
+def test_editing_a_data_file_reruns_exactly_the_stages_that_read_it(finished_run, tmp_path):
+    """Run ids cover the bytes of the data files a stage reads, not their path: a label flipped in train.tsv re-runs
+    the teacher, augmentation and everything after them (the masked LM does not read the task); a copy of the same
+    files elsewhere, or a file the task does not read, re-runs nothing."""
+    config, out = finished_run
+    data = Path(config.task.data_dir)
+    before = _markers(out)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        (copy / name).write_bytes((data / name).read_bytes())
+    (copy / "test.tsv").write_text("sentence\nnot read by the task\n")
+    moved = dataclasses.replace(config, task=dataclasses.replace(config.task, data_dir=str(copy)))
+    run_pipeline(moved)
+    assert _changed(before, _markers(out)) == set()
+    lines = (copy / "train.tsv").read_text().splitlines()
+    sentence, label = lines[1].split("\t")
+    lines[1] = f"{sentence}\t{1 - int(label)}"
+    (copy / "train.tsv").write_text("\n".join(lines) + "\n")
+    run_pipeline(moved)
+    assert _changed(before, _markers(out)) == {"teacher", "augmented", "teacher_logits", "student_intermediate",
+                                               "student"}
+
+
+def test_a_teacher_retrained_into_the_same_folder_reruns_what_reads_it(tmp_path, tiny_tokenizer):
+    from tests.conftest import tiny_bert, tiny_job
+
+    config = load_config(tiny_job(tmp_path, tiny_bert(seed=0), tiny_tokenizer))
+    out = Path(config.output_dir)
+    run_pipeline(config)
+    stages = ("teacher", "teacher_logits", "student_intermediate", "student")
+    before = {stage: json.loads((out / stage / "stage.json").read_text())["run_id"] for stage in stages}
+    # The same weights copied elsewhere are the same teacher.
+    copy = tmp_path / "copy_of_teacher"
+    copy.mkdir()
+    for file in Path(config.teacher.model).iterdir():
+        (copy / file.name).write_bytes(file.read_bytes())
+    assert _status(dataclasses.replace(config, teacher=dataclasses.replace(config.teacher, model=str(copy))))[
+        "teacher"] == "reuse"
+    tiny_bert(seed=1).save_pretrained(config.teacher.model)  # "retrained" at the same path
+    assert {stage: action for stage, action in _status(config).items() if stage in stages} == {
+        stage: "replace" for stage in stages}
+    run_pipeline(config)
+    after = {stage: json.loads((out / stage / "stage.json").read_text())["run_id"] for stage in stages}
+    assert all(after[stage] != before[stage] for stage in stages)
+
+
+def test_the_general_cache_is_keyed_by_the_teachers_weights_not_its_path(tmp_path, tiny_tokenizer, monkeypatch):
+    """Two projects each with a teacher saved as runs/teacher: two cache entries; the same teacher copied: one."""
+    from distill.config import GeneralConfig
+    from distill.general import general_run_id
+    from tests.conftest import tiny_bert
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the movie was good\n")
+    ids = []
+    for project, seed in (("a", 0), ("b", 1), ("c", 0)):
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / project).mkdir()
+        monkeypatch.chdir(tmp_path / project)
+        tiny_bert(seed=seed).save_pretrained("runs/teacher")
+        tiny_tokenizer.save_pretrained("runs/teacher")
+        ids.append(general_run_id(GeneralConfig(teacher="runs/teacher", corpus=[str(corpus)]))[0])
+    assert ids[0] != ids[1] and ids[0] == ids[2]
+
+
+def test_a_refused_run_leaves_a_finished_folder_as_it_was(finished_run):
+    from distill.data import DataError
+
+    config, out = finished_run
+    saved = {path: path.read_bytes() for path in (out / "config.json", out / "report.json",
+                                                   *(out / stage / "stage.json" for stage in STAGE_FOLDERS))}
+    with pytest.raises(DataError, match="sst3"):
+        run_pipeline(dataclasses.replace(config, task=dataclasses.replace(config.task, name="sst3")))
+    assert {path: path.read_bytes() for path in saved} == saved
+    assert not (out / "superseded").exists()
