@@ -27,6 +27,8 @@ DEFAULT_CONFIG = shipped_configs() / "sst2_minilm.yaml"
 SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
 PAIR_CONFIG = DEFAULT_CONFIG.with_name("pair_minilm.yaml")  # pipeline / seeds of a GLUE pair or regression task
 CONFIG_HELP = "YAML config: a file, or the name of a shipped config (configs/NAME.yaml or NAME.yaml: "
+PIPELINE_CONFIGS = "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: " \
+    "pair_minilm.yaml"
 
 
 def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bool = True) -> None:
@@ -95,7 +97,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     commands = parser.add_subparsers(dest="command", required=True)
 
     pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
-    _common(pipeline, "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: pair_minilm.yaml")
+    _common(pipeline, PIPELINE_CONFIGS)
     pipeline.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
                           "`distill --stage general` (overrides student.model)")
@@ -119,7 +121,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     seeds = commands.add_parser("seeds", help="the pipeline once per seed, then the mean and spread of teacher, student "
                                 "and retained metric over the runs")
-    _common(seeds, "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: pair_minilm.yaml")
+    _common(seeds, PIPELINE_CONFIGS)
     seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
                        "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed; OUTPUT_DIR defaults to the "
                        "config's output_dir + '_seeds')")
@@ -133,7 +135,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
                                 "with int8 and ONNX Runtime variants")
-    _common(bench, "sst2_minilm.yaml (give the config the students were made with: it sets the task, its data and dev subset)")
+    _common(bench, "sst2_minilm.yaml (give the config the students were made with: it sets the task, its data "
+            "and dev subset)")
     bench.add_argument("--teacher", required=True, help="teacher checkpoint folder, or a pipeline output folder")
     bench.add_argument("--student", action="append", required=True, help="student checkpoint folder or pipeline "
                        "output folder (repeat for several)")
@@ -141,12 +144,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32, int8) checked on the "
                                  "dev set, and its model card")
-    _common(export, "the config.json of the pipeline output folder that --student names (or holds it), else sst2_minilm.yaml", output_dir=False)
+    _common(export, "the config.json of the pipeline output folder that --student names or is in, else "
+            "sst2_minilm.yaml", output_dir=False)
     export.add_argument("--student", required=True, help="student checkpoint folder, or a pipeline output folder")
     export.add_argument("--int8", action="store_true", help="also write model_quantized.onnx (int8 weights)")
 
     mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
-    mlm.add_argument("--config", help=f"{CONFIG_HELP}{', '.join(_shipped_names())}) whose mlm section is used; default: none, the built-in defaults")
+    mlm.add_argument("--config", help=f"{CONFIG_HELP}{', '.join(_shipped_names())}) whose mlm section is used; "
+                     "default: none, the built-in defaults")
     mlm.add_argument("--model", help="encoder (hub name, folder, or 'minilm'); overrides mlm.base_model")
     mlm.add_argument("--corpus", nargs="+", help="text files, one sentence a line (.txt/.gz); overrides mlm.corpus")
     mlm.add_argument("--max-steps", type=int, help="optimizer steps (overrides mlm.train.max_steps)")

@@ -9,12 +9,19 @@ The public API, for distilling from Python instead of the command line (see the 
 - evaluation and devices: :func:`evaluate_task`, :func:`run_device`;
 - the whole job: :func:`load_config`, :func:`run_pipeline`, :func:`run_seeds` (one run per seed, mean and spread).
 
-Names are imported on first use, so ``import distill`` stays cheap and submodules import each other freely.
+Names are imported on first use, so ``import distill`` stays cheap and submodules import each other freely;
+``dir(distill)`` and ``help(distill)`` list them all the same.
+
+Stage messages are logged at INFO under ``distill`` (and ``teachers``, ``students``, ``augment``); until your program
+configures logging they are printed to stderr, and the libraries' INFO chatter is kept below WARNING
+(:mod:`distill.logs`).
 """
 
 from __future__ import annotations
 
 import importlib
+
+from distill.logs import install_default_handler
 
 _API = {
     "build_student": "students", "StudentConfig": "distill.config", "TaskConfig": "distill.config",
@@ -25,6 +32,12 @@ _API = {
     "run_pipeline": "distill.pipeline", "run_seeds": "distill.seeds",
 }
 __all__ = sorted(_API)
+
+install_default_handler()
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})
 
 
 def __getattr__(name: str):

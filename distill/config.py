@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -409,13 +410,30 @@ def _convert(value: Any, annotation: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return {_convert(k, key_type, path): _convert(v, item, f"{path}.{k}") for k, v in value.items()}
-    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+    if annotation in (int, float) and (number := _number(value)) is not None:
+        if annotation is float:
+            return float(number)
+        if float(number).is_integer():  # 1000, 1e3, 1.0e3
+            return int(number)
     if annotation in (int, str, bool) and isinstance(value, annotation) and not (
         annotation is int and isinstance(value, bool)
     ):
         return value
     raise ConfigError(f"{path}: expected {_type_name(annotation)}, got {value!r}")
+
+
+# A number as people write it: 3, -2, 0.5, .5, 5., 1e-4, 1E-4, -1e-4, 3e+2, 1_000. YAML 1.1 (PyYAML) reads a float
+# only with a dot and a signed exponent (1.0e-4), so 1e-4 reaches _convert as the string "1e-4".
+_NUMBER = re.compile(r"[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?")
+
+
+def _number(value: Any) -> int | float | None:
+    """``value`` as a number when it is one (not a bool) or a string that writes one, else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        return float(value.strip())
+    return None
 
 
 def _type_name(annotation: Any) -> str:
@@ -439,23 +457,66 @@ def from_dict(cls: type, data: dict, path: str = "") -> Any:
         raise ConfigError(f"{path}.{error}" if path else str(error)) from None
 
 
+def shipped_configs() -> Path:
+    """The folder of the shipped configs: ``distill/configs/`` in an installed wheel (their package data), the
+    repository's ``configs/`` in a source checkout or an editable install (see docs/design.md, "Configs")."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def resolve_config(given: str | Path) -> Path:
+    """The config file meant by ``given``, from any working directory.
+
+    A path to an existing file is that file (a relative path is relative to the working directory, as always).
+    Otherwise a shipped config of that name is used: ``configs/smoke.yaml``, ``smoke.yaml`` and ``smoke`` all name
+    ``smoke.yaml`` in :func:`shipped_configs`.
+
+    Raises:
+        ConfigError: it is neither; the message names where it looked and lists the shipped configs.
+    """
+    path = Path(given)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    if not path.is_absolute() and path.parent in (Path("."), Path("configs")):
+        for name in (path.name, f"{path.name}.yaml"):
+            if (shipped / name).is_file():
+                return shipped / name
+    names = ", ".join(sorted(p.name for p in shipped.glob("*.yaml"))) or "none"
+    what = "is a folder, not a YAML file" if path.is_dir() else "not found"
+    raise ConfigError(f"config {given} {what}: looked for {path.absolute()} and among the shipped configs in "
+                      f"{shipped} ({names}); give a YAML file or a shipped config's name, e.g. --config smoke.yaml")
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Raise :class:`ConfigError` when ``path`` cannot be made a folder because it, or a folder above it, is a file."""
+    path = Path(path)
+    for blocking in (path, *path.parents):
+        if blocking.exists() and not blocking.is_dir():
+            why = "it is a file" if blocking == path else f"{blocking}, above it, is a file"
+            raise ConfigError(f"output_dir {path} cannot be a folder: {why}; give another folder with --output-dir DIR "
+                              "(or move the file)")
+
+
 def load_config(
     path: str | Path | None, overrides: dict[str, Any] | None = None, ignore_none: bool = True
 ) -> PipelineConfig:
     """Read a YAML file onto :class:`PipelineConfig`, apply dotted ``overrides`` and validate.
 
     Args:
-        path: YAML file, or None for the defaults.
+        path: YAML file or a shipped config's name (:func:`resolve_config`), or None for the defaults.
         overrides: e.g. ``{"task.data_dir": "data/SST-2", "teacher.model": "textattack/bert-base-uncased-SST-2"}``.
         ignore_none: skip overrides whose value is None (unset command-line flags); False sets them to null.
 
     Raises:
-        ConfigError: unknown key, wrong type or out-of-range value, naming the field path.
-        FileNotFoundError: ``path`` does not exist.
+        ConfigError: unknown key, wrong type or out-of-range value, naming the field path; ``path`` is neither a
+            file nor the name of a shipped config (see :func:`resolve_config`).
     """
     data: dict = {}
     if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
+        path = resolve_config(path)
+        text = path.read_text(encoding="utf-8")
         data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the config must be a YAML mapping, got {type(data).__name__}")

@@ -268,7 +268,19 @@ def load_task_data(config: TaskConfig, spec: TaskSpec | None = None) -> datasets
 
 
 def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
-    raw = datasets.load_dataset(*spec.hub)
+    """The task's splits from the hub (``datasets.load_dataset``); an unreachable hub is a :class:`DataError` at once
+    (:mod:`distill.hub`), not after the loader's half a minute of retries."""
+    from distill.hub import hub_unreachable, offline_mode
+
+    local = f"no local data (--data-dir DIR with GLUE's {spec.train_file} and {spec.dev_file})"
+    if not offline_mode() and (reason := hub_unreachable()) is not None:
+        raise DataError(f"task {spec.name}: {local} and the hub is unreachable ({reason}); pass --data-dir, or set "
+                        "HF_HUB_OFFLINE=1 to use a copy in the datasets cache")
+    try:
+        raw = datasets.load_dataset(*spec.hub)
+    except ConnectionError as error:  # offline with nothing cached, or the hub went away
+        why = "HF_HUB_OFFLINE is set and the datasets cache holds no copy" if offline_mode() else "the hub gave none"
+        raise DataError(f"task {spec.name}: {local}, and {why} ({error}); pass --data-dir") from None
     keep = [*spec.text_columns, "label"]
     splits = {"train": "train", "dev": spec.hub_dev_split,
               **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}

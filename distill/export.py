@@ -5,16 +5,21 @@ the PyTorch model on the dev set; and the int8 / ONNX machinery the benchmark sh
 dynamic batch and length), ``model_quantized.onnx`` (ONNX Runtime dynamic quantization, int8 weights), the model's
 ``config.json`` and the tokenizer files, and ``export.json``: for each file its size, the largest absolute difference
 of its logits from PyTorch's over the dev set, the fraction of dev predictions equal to PyTorch's, and its dev
-metrics; plus a hash of the weights it was made from, so an unchanged student is not exported twice and the benchmark
-can time these files instead of making its own.
+metrics; plus a hash of the weights it was made from and of the dev set it was checked on (texts, labels, task,
+metrics, sequence length), so an unchanged student checked on the same dev set is not exported twice, a check on another
+dev set is made anew (its numbers are never reported for a dev set they were not measured on), and the benchmark can
+time these files instead of making its own.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 import tempfile
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -94,15 +99,35 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
     batch = torch.export.Dim("batch", min=1, max=4096)
     length = torch.export.Dim("length", min=2, max=max_length)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names, output_names=["logits"],
-                      dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
-                      external_data=False, verbose=False)
+    with _quiet_exporter():
+        torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names, output_names=["logits"],
+                          dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
+                          external_data=False, verbose=False)
     with torch.no_grad():
         expected = model(**probe).logits.numpy()
     difference = float(np.abs(OnnxClassifier(path)(**probe).logits.numpy() - expected).max())
     if difference > 1e-3:
         raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
     return difference
+
+
+@contextmanager
+def _quiet_exporter():
+    """The exporter's own chatter off while it runs: about 36 INFO lines of ``onnx_ir``'s initializer deduplication,
+    WARNING lines of ``torch.onnx`` (``torchvision is not installed``) and Python warnings about torch internals
+    (dynamic axis names, a deprecated pytree class). None of them is actionable by a user of this package, and the
+    export is checked by its logits instead (:func:`export_onnx`)."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnx_ir", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def quantize_onnx(source: Path, target: Path) -> None:
@@ -149,15 +174,24 @@ def weights_hash(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def reusable_export(folder: Path) -> dict | None:
-    """The ``export.json`` record of ``folder/onnx`` when it was made from the weights now in ``folder``, else None."""
-    import json
+def dev_set_hash(spec: TaskSpec, dev, max_seq_length: int) -> str:
+    """SHA-256 (first 16 hex digits) of what an export's dev numbers depend on besides the weights: the task, its
+    metrics, the dev texts and labels, and the sequence length they were cut to."""
+    columns = {name: list(dev[name]) for name in (*spec.text_columns, "label")}
+    text = json.dumps([spec.name, list(spec.metrics), max_seq_length, columns], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+
+def reusable_export(folder: Path, checked_on: str | None = None) -> dict | None:
+    """The ``export.json`` record of ``folder/onnx`` when it was made from the weights now in ``folder`` (and, given
+    ``checked_on``, a :func:`dev_set_hash`, checked on that dev set), else None."""
     record_path = folder / ONNX_FOLDER / EXPORT_FILE
     if not record_path.is_file():
         return None
     record = json.loads(record_path.read_text(encoding="utf-8"))
     if record.get("weights") != weights_hash(folder):
+        return None
+    if checked_on is not None and record.get("checked_on") != checked_on:
         return None
     if not all((folder / ONNX_FOLDER / name).is_file() for name in record["files"]):
         return None
@@ -166,7 +200,7 @@ def reusable_export(folder: Path) -> dict | None:
 
 def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8: bool = True) -> dict:
     """Write ``folder/onnx/`` (see the module docstring) and return its ``export.json`` record; reuse it when it was
-    made from the same weights.
+    made from the same weights and checked on the same dev set.
 
     Args:
         folder: a classifier checkpoint with its tokenizer (a pipeline's ``student/``).
@@ -177,8 +211,10 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     Raises:
         RuntimeError: the fp32 graph's logits differ from PyTorch's by more than 1e-3 on a probe batch.
     """
-    if (record := reusable_export(folder)) is not None and (not int8 or FILES["onnx-int8"] in record["files"]):
-        logger.info("export: %s/%s is up to date", folder, ONNX_FOLDER)
+    checked_on = dev_set_hash(spec, dev, max_seq_length)
+    record = reusable_export(folder, checked_on)
+    if record is not None and (not int8 or FILES["onnx-int8"] in record["files"]):
+        logger.info("export: %s/%s is up to date (same weights, same %d dev examples)", folder, ONNX_FOLDER, len(dev))
         return record
     out = folder / ONNX_FOLDER
     out.mkdir(parents=True, exist_ok=True)
@@ -203,7 +239,23 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
                        "same_prediction": float(same.mean()), "dev": compute_metrics(spec, logits, labels)}
         logger.info("export: %s, max |logit difference| %.2e, dev %s", name, files[name]["max_abs_logit_difference"],
                     files[name]["dev"])
-    record = {"weights": weights_hash(folder), "pytorch": {"dev": compute_metrics(spec, reference, labels)},
-              "files": files, "max_seq_length": max(128, max_seq_length)}
+    record = {"weights": weights_hash(folder), "checked_on": checked_on, "num_dev_examples": len(dev),
+              "pytorch": {"dev": compute_metrics(spec, reference, labels)}, "files": files,
+              "max_seq_length": max(128, max_seq_length)}
     write_json_atomic(out / EXPORT_FILE, record)
     return record
+
+
+def pipeline_folder_of(student: Path) -> Path | None:
+    """The pipeline output folder that ``student`` names, or whose ``student/`` it is: the folder whose
+    ``config.json`` is the run's config (not a model's), else None."""
+    for folder in (student, student.parent):
+        if (folder / "student").is_dir() and (folder / "student").resolve() in (student.resolve(),
+                                                                                (student / "student").resolve()):
+            try:
+                config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(config, dict) and {"task", "teacher", "student"} <= set(config):
+                return folder
+    return None

@@ -156,3 +156,39 @@ def test_the_pair_recipes_smaller_student_is_three_settings_away():
                                                             "general.enabled": True})
     check_student_fits_teacher(config)
     assert config.general.enabled and general_config(config).student.preset == "tinybert-4l-312"
+
+
+@pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
+                                            (".5", 0.5), ("2", 2.0), ("1.0e-4", 1e-4), ("1_000.5", 1000.5)])
+def test_a_float_field_takes_a_number_in_any_form_people_write(tmp_path, written, value):
+    """YAML 1.1 reads 1e-4 (no dot) as the string "1e-4": a float field still takes it, from a file and from --set."""
+    from run_distill import set_overrides
+
+    path = tmp_path / "job.yaml"
+    path.write_text(f"distill:\n  intermediate:\n    learning_rate: {written}\n")
+    assert load_config(path).distill.intermediate.learning_rate == pytest.approx(value)
+    overrides = set_overrides([f"distill.intermediate.learning_rate={written}", f"teacher.min_dev_metric={written}"])
+    config = load_config(None, overrides)
+    assert config.distill.intermediate.learning_rate == pytest.approx(value)
+    assert config.teacher.min_dev_metric == pytest.approx(value)
+
+
+@pytest.mark.parametrize("written, message", [
+    ("-1e-4", r"distill.intermediate.learning_rate: must be > 0, got -0.0001"),  # the real error, not the type
+    ("abc", r"distill.intermediate.learning_rate: expected float, got 'abc'"),
+    ("1e-4x", r"distill.intermediate.learning_rate: expected float, got '1e-4x'"),
+    ("nan", r"distill.intermediate.learning_rate: expected float, got 'nan'"),
+    ("true", r"distill.intermediate.learning_rate: expected float, got True"),
+])
+def test_a_float_field_names_the_real_error(written, message):
+    from run_distill import set_overrides
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, set_overrides([f"distill.intermediate.learning_rate={written}"]))
+
+
+def test_an_int_field_takes_a_whole_number_written_as_a_float():
+    assert load_config(None, {"distill.intermediate.max_steps": "1e3"}).distill.intermediate.max_steps == 1000
+    assert load_config(None, {"distill.intermediate.max_steps": 2.0e3}).distill.intermediate.max_steps == 2000
+    with pytest.raises(ConfigError, match="task.max_seq_length: expected int, got '2.5e0'"):
+        load_config(None, {"task.max_seq_length": "2.5e0"})
