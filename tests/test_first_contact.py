@@ -1,0 +1,246 @@
+"""What a new user meets first (issue 27, findings 7, 9, 12, 14): the shipped configs found from any directory, one
+``error:`` line for a wrong path or an unreachable hub, the command named as it was run, ``--version``, the API in
+``dir``/``help``, stage messages from Python without library chatter, and ``export`` checked on the run's own dev set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import run_distill
+from distill.config import ConfigError, load_config, resolve_config, shipped_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted(path.name for path in (ROOT / "configs").glob("*.yaml"))
+
+
+def _error_line(err: str) -> str:
+    """The one ``error:`` line of a refused command's stderr (log lines before it are allowed, a traceback not)."""
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+def _record_config(monkeypatch) -> dict:
+    """Stand the pipeline command in with one that keeps the config it would run."""
+    seen = {}
+
+    def record(config, args):
+        seen["config"] = config
+        return 0
+
+    monkeypatch.setitem(run_distill.COMMANDS, "pipeline", record)
+    monkeypatch.setattr(run_distill, "_setup_logging", lambda output_dir: None)
+    return seen
+
+
+# --- finding 7: the shipped configs, from any directory ---
+
+def test_the_shipped_configs_are_the_repositorys_in_a_checkout():
+    assert shipped_configs() == ROOT / "configs" and "smoke.yaml" in SHIPPED
+
+
+@pytest.mark.parametrize("given", ["configs/smoke.yaml", "smoke.yaml", "smoke", "./configs/smoke.yaml"])
+def test_a_shipped_config_is_found_by_name_from_another_directory(tmp_path, monkeypatch, given):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config(given) == ROOT / "configs" / "smoke.yaml"
+    seen = _record_config(monkeypatch)
+    assert run_distill.main(["pipeline", "--config", given]) == 0
+    assert seen["config"].output_dir == "runs/smoke" and seen["config"].task.max_train_examples == 48
+
+
+def test_a_relative_config_that_exists_is_the_file_named(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "smoke.yaml").write_text("output_dir: mine\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config("configs/smoke.yaml") == Path("configs/smoke.yaml")
+    assert load_config("configs/smoke.yaml").output_dir == "mine"
+
+
+def test_a_config_found_nowhere_is_one_error_line_listing_the_shipped_ones(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"config configs/smok.yaml not found: looked for .*configs/smok.yaml and "
+                                          r"among the shipped configs in .*\(general_minilm.yaml, .*smoke.yaml"):
+        resolve_config("configs/smok.yaml")
+    assert run_distill.main(["pipeline", "--config", "nope.yaml", "--output-dir", str(tmp_path / "run")]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "nope.yaml not found" in line and ", ".join(SHIPPED) in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_command_is_named_as_it_was_run_and_has_a_version(monkeypatch, capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        run_distill.main(["pipeline", "--help"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("usage: run_distill.py pipeline ")
+    monkeypatch.setattr(sys, "argv", ["run-distill", "export", "--help"])
+    with pytest.raises(SystemExit):
+        run_distill.console_main()
+    assert capsys.readouterr().out.startswith("usage: run-distill export ")
+    with pytest.raises(SystemExit) as stop:
+        run_distill.main(["--version"], prog="run-distill")
+    assert stop.value.code == 0 and capsys.readouterr().out == f"run-distill {version('tinydistill')} (tinydistill)\n"
+
+
+def test_each_command_says_its_own_default_config(capsys):
+    helps = {}
+    for command in ("pipeline", "seeds", "distill", "sweep", "benchmark", "export", "augment", "adapt-mlm"):
+        with pytest.raises(SystemExit):
+            run_distill.parse_args([command, "--help"])
+        helps[command] = " ".join(capsys.readouterr().out.split())
+    assert "default: sst2_minilm.yaml; a GLUE pair or regression task" in helps["pipeline"]
+    assert "default: sst2_minilm.yaml; a GLUE pair or regression task" in helps["seeds"]
+    assert "default: sweep_sst2.yaml" in helps["sweep"]
+    assert "default: the config.json of the pipeline output folder that --student names" in helps["export"]
+    assert "default: none, the built-in defaults" in helps["augment"] and "default: none" in helps["adapt-mlm"]
+    assert "--output-dir" not in helps["export"]  # the ONNX files go beside the checkpoint, student/onnx/
+    with pytest.raises(SystemExit):
+        run_distill.parse_args(["export", "--student", "x", "--output-dir", "y"])
+    assert "unrecognized arguments: --output-dir" in capsys.readouterr().err
+
+
+# --- finding 9: one error line where a traceback was ---
+
+def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
+    (tmp_path / "taken").write_text("a file")
+    for given, why in [(tmp_path / "taken", "it is a file"), (tmp_path / "taken" / "run", "above it, is a file")]:
+        assert run_distill.main(["pipeline", "--output-dir", str(given)]) == 2
+        line = _error_line(capsys.readouterr().err)
+        assert f"output_dir {given} cannot be a folder" in line and why in line and "--output-dir DIR" in line
+
+
+def _without_network(tmp_path, **env) -> dict:
+    """A child's environment with empty hub caches, so nothing the machine holds can answer for the hub."""
+    return {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"),
+            **env}
+
+
+@pytest.mark.parametrize("env, why", [
+    ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set and the datasets cache holds no copy"),
+    # A hub address where nothing listens: refused at once, as an unreachable hub is, with no retries to wait for.
+    ({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}, "the hub is unreachable (http://127.0.0.1:9: "),
+], ids=["offline", "unreachable"])
+def test_a_glue_task_without_local_data_and_no_hub_is_one_error_line(tmp_path, env, why):
+    result = subprocess.run([sys.executable, str(ROOT / "run_distill.py"), "pipeline", "--task", "mrpc",
+                             "--output-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
+                            env=_without_network(tmp_path, **env), timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _error_line(result.stderr)
+    assert line.startswith("error: task mrpc: no local data (--data-dir DIR with GLUE's train.tsv and dev.tsv)")
+    assert why in line and "pass --data-dir" in line
+
+
+# --- finding 12: the API in dir() and help(), stage messages from Python, no library chatter ---
+
+def test_dir_and_help_list_the_api():
+    import pydoc
+
+    import distill
+
+    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 17
+    text = pydoc.render_doc(distill, renderer=pydoc.plaintext)
+    functions = text.split("FUNCTIONS", 1)[1]
+    for name in ("run_pipeline(", "load_config(", "build_student(", "train(", "evaluate_task("):
+        assert name in functions, name
+    assert "class DistillationObjective" in text and "class StudentConfig" in text
+
+
+@contextmanager
+def no_logging_configured():
+    """The root logger as in a plain script: no handlers (pytest's own are put back afterwards)."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    try:
+        yield
+    finally:
+        root.handlers[:] = saved
+
+
+def test_library_info_chatter_stays_off_the_console(capsys):
+    with no_logging_configured():
+        logging.getLogger("distill.pipeline").info("=== stage: teacher -> runs/x/teacher")
+        logging.getLogger("onnx_ir.passes.common.initializer_deduplication").info("Replaced initializer 'val_82'")
+        logging.getLogger("httpx").info("HTTP Request: HEAD https://huggingface.co")
+    err = capsys.readouterr().err
+    assert "INFO distill.pipeline: === stage: teacher -> runs/x/teacher" in err
+    assert "Replaced initializer" not in err and "HTTP Request" not in err
+
+
+def test_an_application_that_configures_logging_gets_each_record_once(caplog, capsys):
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("distill.pipeline").info("=== stage: report")
+    assert caplog.text.count("=== stage: report") == 1
+    assert "=== stage: report" not in capsys.readouterr().err  # the default handler stands back
+
+
+@pytest.fixture(scope="module")
+def python_run(tmp_path_factory):
+    """The tiny pipeline job run from Python as a plain script would (no logging configured), with the ONNX export on
+    and a GLUE-format data folder of its own: (output folder, data folder, what it printed to stderr)."""
+    import io
+    from contextlib import redirect_stderr
+
+    from transformers import BertTokenizer
+
+    import distill
+    from conftest import SPECIAL, WORDS, tiny_bert, tiny_job
+    from tests.glue_fixtures import write_glue_folder
+
+    tmp_path = tmp_path_factory.mktemp("python_run")
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
+    data = write_glue_folder(tmp_path, "sst2")
+    path = tiny_job(tmp_path, tiny_bert(id2label={0: "negative", 1: "positive"}), tokenizer,
+                    task={"name": "sst2", "data_dir": str(data)}, export={"onnx": True, "int8": False})
+    err = io.StringIO()
+    with no_logging_configured(), redirect_stderr(err):
+        distill.run_pipeline(distill.load_config(path))
+    return tmp_path / "run", data, err.getvalue()
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_from_python_shows_its_stages_and_not_the_exporters_chatter(python_run):
+    run, _, err = python_run
+    for stage in ("task distillation, intermediate step", "task distillation, prediction step"):
+        assert f"INFO distill.pipeline: === stage: {stage}" in err, err[-3000:]
+    assert (run / "student" / "onnx" / "model.onnx").is_file()  # the exporter ran, quietly:
+    assert "onnx_ir" not in err and "Replaced initializer" not in err and "torchvision" not in err
+    assert "UserWarning" not in err and "FutureWarning" not in err
+
+
+# --- finding 14: export checks the files on the dev set the student was made with ---
+
+@pytest.mark.slow
+def test_export_reads_the_runs_config_and_never_reports_another_dev_sets_numbers(python_run, capsys, caplog):
+    run, data, _ = python_run
+    num_dev = len((data / "dev.tsv").read_text().splitlines()) - 1
+    record_file = run / "student" / "onnx" / "export.json"
+    made = json.loads(record_file.read_text())  # by the pipeline, on the run's dev set
+    assert made["num_dev_examples"] == num_dev
+
+    # Without --config: the run's config.json (its data folder, not the default job's 872 bundled dev examples), so
+    # the pipeline's check is the one for this dev set.
+    for student in (run, run / "student"):
+        with caplog.at_level(logging.INFO, logger="distill.export"):
+            assert run_distill.main(["export", "--student", str(student)]) == 0
+        out, err = capsys.readouterr()
+        assert f"config: {run / 'config.json'}, the config the student was made with" in err
+        assert f"is up to date (same weights, same {num_dev} dev examples)" in caplog.text
+        assert json.loads(record_file.read_text()) == made and str(run / "student" / "onnx" / "model.onnx") in out
+        caplog.clear()
+
+    # Another dev set: checked again, never called up to date with the old numbers.
+    with caplog.at_level(logging.INFO, logger="distill.export"):
+        assert run_distill.main(["export", "--student", str(run), "--set", "task.max_eval_examples=2"]) == 0
+    assert "up to date" not in caplog.text
+    assert json.loads(record_file.read_text())["num_dev_examples"] == 2
