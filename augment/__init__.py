@@ -1,14 +1,24 @@
-"""TinyBERT data augmentation: masked-LM candidates for single-piece words, word-vector neighbours for the rest."""
+"""TinyBERT data augmentation: masked-LM candidates for single-piece words, word-vector neighbours for the rest;
+string columns (sentences) and word-list columns (token classification, word for word: :mod:`augment.tokens`)."""
 
 import functools
 
-from augment.augmenter import CandidateGenerator, load_stopwords, match_case, sample_copies, split_words
+from augment.augmenter import (
+    CandidateGenerator,
+    load_stopwords,
+    match_case,
+    sample_copies,
+    sample_word_copies,
+    split_words,
+)
 from augment.dataset import augment_dataset, augment_examples, augment_fingerprint, load_shards
+from augment.tokens import TagMask, only_tags, replacement_stats, word_candidates
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
 
 __all__ = [
     "CandidateGenerator",
     "NeighbourCache",
+    "TagMask",
     "VectorsError",
     "augment_dataset",
     "augment_examples",
@@ -20,9 +30,13 @@ __all__ = [
     "load_stopwords",
     "load_word_vectors",
     "match_case",
-    "sample_copies",
+    "only_tags",
+    "replacement_stats",
     "run_augment",
+    "sample_copies",
+    "sample_word_copies",
     "split_words",
+    "word_candidates",
 ]
 
 

@@ -19,6 +19,7 @@ Departures from the reference code, on purpose:
 As in the reference code, with ``mlm_context="pair"`` the masked LM sees ``[CLS] masked sentence [SEP] original
 sentence [SEP]``; ``"single"`` gives it the masked sentence only. A word without candidates keeps itself as its only
 candidate, and copies identical to the original or to an earlier copy are dropped.
+Word-list columns (token classification) run the same generator and draws word for word: :mod:`augment.tokens`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -126,8 +127,16 @@ class CandidateGenerator:
             self._piece_cache[key] = len(self._pieces((" " if key[0] else "") + word))
         return self._piece_cache[key]
 
-    def candidates(self, texts: list[str]) -> list[dict[tuple[int, int], list[str]]]:
+    def candidates(
+        self, texts: list[str], allowed: list[Collection[tuple[int, int]]] | None = None
+    ) -> list[dict[tuple[int, int], list[str]]]:
         """Candidate lists for every replaceable word of every text.
+
+        Args:
+            texts: the sentences.
+            allowed: per text, the only word spans that may be candidates (word-list columns: the spans that are one
+                whole word of the list and that the caller's mask allows); None: every word of :func:`split_words`.
+                A span is still skipped when its word is not alphabetic or is a stop word.
 
         Returns:
             One dict per text: word span -> candidates (the word itself when nothing else was found), in text order.
@@ -140,7 +149,7 @@ class CandidateGenerator:
             results.append({})
             for start, end in split_words(text):
                 word = text[start:end]
-                if not self.is_candidate_word(word):
+                if not self.is_candidate_word(word) or (allowed is not None and (start, end) not in allowed[index]):
                     continue
                 results[index][(start, end)] = []  # filled below, in text order
                 after_space = start > 0 and text[start - 1].isspace()
@@ -239,4 +248,36 @@ def sample_copies(
                 pieces += [text[cursor:start], match_case(choice, text[start:end])]
                 cursor = end
         copies.append("".join(pieces) + text[cursor:])
+    return copies
+
+
+def sample_word_copies(
+    words: list[str],
+    candidates: dict[int, list[str]],
+    num_copies: int,
+    replace_prob: float,
+    rng: random.Random,
+) -> list[list[str]]:
+    """N augmented versions of a word list (TinyBERT Algorithm 1, lines 12-17), word for word: every copy has
+    ``len(words)`` words, so per-word labels stay aligned; duplicates are removed by the caller.
+
+    Args:
+        words: the sentence, one entry per word (W words).
+        candidates: word position -> candidates, in sentence order (see :func:`augment.tokens.word_candidates`).
+        num_copies: N.
+        replace_prob: p, the probability that a candidate word is replaced.
+        rng: the example's RNG.
+
+    Returns:
+        N lists of W words. The draws are those of :func:`sample_copies` (per copy and candidate word in order: a
+        uniform candidate, then the replacement coin), so a plain sentence gives the copies its text would.
+    """
+    copies = []
+    for _ in range(num_copies):
+        copy = list(words)
+        for position, options in candidates.items():
+            choice = rng.choice(options)
+            if rng.random() < replace_prob:
+                copy[position] = match_case(choice, words[position])
+        copies.append(copy)
     return copies

@@ -1,7 +1,9 @@
 """Augment a whole dataset into shards on disk, resumably.
 
 Output rows keep every input column (the label and any untouched text column unchanged) and add provenance:
-``source_index`` (row of the input example) and ``is_augmented``. The original examples are kept; exact duplicate
+``source_index`` (row of the input example) and ``is_augmented``. A text column is a string column (a sentence) or a
+word-list column (Arrow ``list<string>``: token classification), the latter augmented word for word
+(:mod:`augment.tokens`) so each copy keeps its source's per-word labels. The original examples are kept; exact duplicate
 rows of an example (including copies equal to the original) are dropped. Each shard is written under a temporary
 name and renamed when complete, so a killed run re-run continues at the first missing shard and no partial shard is
 ever read.
@@ -24,7 +26,8 @@ import datasets
 import torch
 from tqdm.auto import tqdm
 
-from augment.augmenter import CandidateGenerator, sample_copies
+from augment.augmenter import CandidateGenerator, sample_copies, sample_word_copies
+from augment.tokens import check_words, is_word_list_feature, word_candidates, word_masks
 from distill.checkpoint import CheckpointError, write_json_atomic
 from distill.config import AugmentConfig, fingerprint, to_dict
 
@@ -56,36 +59,75 @@ def augment_examples(
     text_columns: tuple[str, ...],
     generator: CandidateGenerator,
     config: AugmentConfig,
+    replaceable: Callable[[dict], list[bool]] | None = None,
 ) -> list[dict]:
-    """Original and augmented rows for a batch of examples.
+    """Original and augmented rows for a batch of examples (TinyBERT, Jiao et al., 2020, §3.3, Algorithm 1).
 
     Each text column is augmented independently (pair tasks: both sentences); copy i of an example combines copy i
     of each column (``config.pair_copies == "both"``), or changes column i mod 2 only and keeps the other as it is
-    (``"one"``). Rows identical to the original or to an earlier copy are dropped.
+    (``"one"``). Rows identical to the original or to an earlier copy are dropped. A column whose values are lists
+    of words is augmented word for word (:func:`augment.tokens.word_candidates`): a copy has as many words as its
+    source, so a per-word label list stays aligned.
+
+    Args:
+        examples: rows (dicts) with the text columns and any others.
+        indices: each example's row number in the dataset (its RNG: :func:`example_rng`).
+        text_columns: the columns to augment, strings or lists of words.
+        generator: builds candidate lists.
+        config: N, p, seed, pair_copies.
+        replaceable: for a word-list column, an example row -> one flag per word (W flags; False: the word keeps
+            itself), e.g. :func:`augment.tokens.only_tags` for words tagged ``O``; None: every word may be replaced
+            (if alphabetic and not a stop word, the algorithm's own rule).
 
     Returns:
         Rows in order: each original followed by its copies, with ``source_index`` and ``is_augmented`` added.
+
+    Raises:
+        ValueError: ``replaceable`` is given but ``text_columns`` do not hold exactly one word-list column.
+        DataError: a word-list value is not a list of strings, or a mask has not one flag per word.
     """
-    candidates = {c: generator.candidates([str(e[c]) for e in examples]) for c in text_columns}
+    word_columns = word_list_columns(examples, text_columns)
+    if replaceable is not None and examples and len(word_columns) != 1:
+        raise ValueError(f"replaceable masks the words of one word-list column; {list(text_columns)} hold "
+                         f"{len(word_columns)} ({word_columns})")
+    candidates = {}
+    for c in text_columns:
+        if c in word_columns:
+            sentences = [check_words(e[c], c, i) for e, i in zip(examples, indices)]
+            candidates[c] = word_candidates(generator, sentences, word_masks(examples, indices, c, replaceable))
+        else:
+            candidates[c] = generator.candidates([str(e[c]) for e in examples])
     rows = []
     for j, (example, index) in enumerate(zip(examples, indices)):
         rows.append({**example, "source_index": index, "is_augmented": False})
-        seen = {tuple(example[c] for c in text_columns)}
-        copies = {
-            c: sample_copies(
-                str(example[c]), candidates[c][j], config.num_copies, config.replace_prob, example_rng(config.seed, index, c)
-            )
-            for c in text_columns
-        }
+        seen = {_hashable(example[c] for c in text_columns)}
+        copies = {c: _copies(example[c], candidates[c][j], c in word_columns, config, index, c) for c in text_columns}
         for i in range(config.num_copies):
             if config.pair_copies == "one" and len(text_columns) == 2:
                 texts = tuple(copies[c][i] if k == i % 2 else example[c] for k, c in enumerate(text_columns))
             else:
                 texts = tuple(copies[c][i] for c in text_columns)
-            if texts not in seen:
-                seen.add(texts)
+            if _hashable(texts) not in seen:
+                seen.add(_hashable(texts))
                 rows.append({**example, **dict(zip(text_columns, texts)), "source_index": index, "is_augmented": True})
     return rows
+
+
+def word_list_columns(examples: list[dict], text_columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The text columns whose values are lists of words (any example's value a list)."""
+    return tuple(c for c in text_columns if any(isinstance(e[c], (list, tuple)) for e in examples))
+
+
+def _copies(value, candidates: dict, is_word_list: bool, config: AugmentConfig, index: int, column: str) -> list:
+    rng = example_rng(config.seed, index, column)
+    if is_word_list:
+        return sample_word_copies(list(value), candidates, config.num_copies, config.replace_prob, rng)
+    return sample_copies(str(value), candidates, config.num_copies, config.replace_prob, rng)
+
+
+def _hashable(texts) -> tuple:
+    """The texts of a row as a key for duplicate detection (word lists as tuples)."""
+    return tuple(tuple(t) if isinstance(t, list) else t for t in texts)
 
 
 def _rows_to_dataset(rows: list[dict], features: datasets.Features) -> datasets.Dataset:
@@ -117,8 +159,10 @@ def augment_dataset(
     config: AugmentConfig,
     output_dir: Path,
     run_id: str | None = None,
+    replaceable: Callable[[dict], list[bool]] | None = None,
 ) -> datasets.Dataset:
-    """Augment ``dataset`` (the first ``config.max_examples`` examples; the rest are kept as they are) into shards.
+    """Augment ``dataset`` (the first ``config.max_examples`` examples; the rest are kept as they are) into shards
+    (TinyBERT, Jiao et al., 2020, §3.3, Algorithm 1; see :func:`augment_examples`).
 
     Shards of ``config.shard_size`` source examples are written atomically; a re-run skips complete shards, so a
     killed run continues where it stopped. With ``config.num_workers`` > 1, shards are spread over that many
@@ -127,19 +171,30 @@ def augment_dataset(
 
     Args:
         dataset: input rows with the text column(s) and any others (label, ...).
-        text_columns: the columns to augment.
+        text_columns: the columns to augment: strings, or lists of words (``list<string>``, augmented word for word:
+            every copy keeps its source's word count, so a per-word ``label`` list stays true).
         generator: builds candidate lists (masked LM + word vectors), or a picklable zero-argument factory of one
             (needed for worker processes; called only when a shard is missing).
         config: N, p, K, seed, shard size, workers.
         output_dir: shards go to ``output_dir/shards/shard-00000`` ...; existing complete shards are reused.
-        run_id: fingerprint of the settings; shards written under another run id are refused, not mixed in.
+        run_id: fingerprint of the settings; shards written under another run id are refused, not mixed in. It
+            must also identify ``replaceable`` (the caller's: e.g. the task's augmentation setting).
+        replaceable: which words of the word-list column may be replaced, an example row -> W flags (see
+            :func:`augment_examples`); picklable when ``config.num_workers`` > 1 (e.g.
+            :class:`augment.tokens.TagMask`). None: every word.
 
     Returns:
         All shards concatenated (see :func:`load_shards`).
 
     Raises:
         CheckpointError: ``output_dir`` holds shards of another run.
+        ValueError: ``replaceable`` is given but ``text_columns`` do not hold exactly one word-list column.
+        DataError: a word-list value is not a list of strings, or a mask has not one flag per word.
     """
+    word_columns = [c for c in text_columns if c in dataset.features and is_word_list_feature(dataset.features[c])]
+    if replaceable is not None and len(word_columns) != 1:
+        raise ValueError(f"replaceable masks the words of one word-list column; {list(text_columns)} hold "
+                         f"{len(word_columns)} ({word_columns})")
     shard_dir = Path(output_dir) / SHARDS
     _claim(shard_dir, run_id)
     features = _output_features(dataset)
@@ -158,13 +213,14 @@ def augment_dataset(
         threads = max(1, torch.get_num_threads() // config.num_workers)
         context = multiprocessing.get_context("spawn")
         with context.Pool(config.num_workers, _init_worker, (factory, threads)) as pool:
-            arguments = [(examples, indices, text_columns, config, features, final) for examples, indices, final in tasks]
+            arguments = [(examples, indices, text_columns, config, features, final, replaceable)
+                         for examples, indices, final in tasks]
             for count in pool.imap_unordered(_worker_shard, arguments):
                 progress.update(count)
     elif jobs:
         built = generator if isinstance(generator, CandidateGenerator) else generator()
         for examples, indices, final in tasks:
-            _write_shard(examples, indices, text_columns, built, config, features, final, progress.update)
+            _write_shard(examples, indices, text_columns, built, config, features, final, progress.update, replaceable)
     progress.close()
     rest = shard_dir / f"shard-{math.ceil(limit / config.shard_size):05d}"
     if limit < len(dataset) and not rest.is_dir():  # examples beyond max_examples, kept unaugmented
@@ -175,11 +231,12 @@ def augment_dataset(
     return load_shards(output_dir)
 
 
-def _write_shard(examples, indices, text_columns, generator, config, features, final: Path, advance) -> int:
+def _write_shard(examples, indices, text_columns, generator, config, features, final: Path, advance,
+                 replaceable=None) -> int:
     rows = []
     for first in range(0, len(examples), EXAMPLES_PER_PASS):
         batch = slice(first, first + EXAMPLES_PER_PASS)
-        rows += augment_examples(examples[batch], indices[batch], text_columns, generator, config)
+        rows += augment_examples(examples[batch], indices[batch], text_columns, generator, config, replaceable)
         advance(len(indices[batch]))
     _save_shard(_rows_to_dataset(rows, features), final)
     return len(indices)
@@ -194,8 +251,9 @@ def _init_worker(factory: Callable[[], CandidateGenerator], num_threads: int) ->
 
 
 def _worker_shard(arguments: tuple) -> int:
-    examples, indices, text_columns, config, features, final = arguments
-    return _write_shard(examples, indices, text_columns, _WORKER["generator"], config, features, final, lambda n: None)
+    examples, indices, text_columns, config, features, final, replaceable = arguments
+    return _write_shard(examples, indices, text_columns, _WORKER["generator"], config, features, final, lambda n: None,
+                        replaceable)
 
 
 def _claim(shard_dir: Path, run_id: str | None) -> None:

@@ -12,10 +12,12 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import datasets
 
 from augment.dataset import augment_dataset, augment_fingerprint, load_shards
+from augment.tokens import is_word_list_feature
 from augment.vectors import check_word_vectors
 from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
@@ -59,6 +61,7 @@ def run_augment(
     split: str = "train",
     export: str | None = None,
     device=None,
+    replaceable: Callable[[dict], list[bool]] | None = None,
 ) -> dict:
     """Augment a training set into ``config.output_dir`` (resuming a killed run), optionally export it.
 
@@ -66,17 +69,22 @@ def run_augment(
         config: ``augment`` (N, p, K, seed, vectors, workers ...), ``mlm.model`` (the masked LM), ``task`` (used when
             ``source`` is None) and ``output_dir``.
         source: see :func:`distill.data.read_table`; None augments the training set of ``config.task``.
-        text_columns: one column, or two for pair tasks (each augmented independently).
+        text_columns: one column, or two for pair tasks (each augmented independently); a column of strings, or of
+            lists of words (token classification: augmented word for word, see :mod:`augment.tokens`).
         split: split of a saved ``DatasetDict`` or hub dataset.
         export: a ``.jsonl``, ``.csv`` or ``.tsv`` path to also write the result to.
         device: where the masked LM and the word-vector search run; None: the run's device
             (:func:`distill.device.run_device`).
+        replaceable: which words of a word-list column may change, an example row -> one flag per word; its repr
+            enters the run id, so give one with a stable repr (:class:`augment.tokens.TagMask`, e.g. from
+            :func:`augment.tokens.only_tags`; a lambda's repr changes every run). None: every word.
 
     Returns:
         {"num_examples", "num_rows", "num_augmented", "seconds", "output", "sample" (first rows)}.
 
     Raises:
-        ConfigError: no masked LM given. DataError: unreadable input, missing or non-text columns.
+        ConfigError: no masked LM given. DataError: unreadable input, missing or non-text columns (neither strings
+        nor lists of strings). ValueError: ``replaceable`` given without exactly one word-list column.
         CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
     """
     from augment import generator_factory
@@ -87,11 +95,12 @@ def run_augment(
                           "without an MLM head gets one with `run_distill.py adapt-mlm`)")
     data, columns, identity = _input(config, source, text_columns, split)
     require_columns(data, columns, source or config.task.name)
-    not_text = [c for c in columns if not _is_text(data.features[c])]
+    not_text = [c for c in columns if not _is_text(data.features[c]) and not is_word_list_feature(data.features[c])]
     if not_text:
         raise DataError(f"{source or config.task.name}: column(s) {not_text} are not text ({data.features[not_text[0]]})")
     out = Path(config.output_dir)
-    run_id = augment_fingerprint(config.augment, identity, len(data), data.column_names, columns, config.mlm.model)
+    inputs = (identity, len(data), data.column_names, columns, config.mlm.model)
+    run_id = augment_fingerprint(config.augment, *inputs, *(() if replaceable is None else (repr(replaceable),)))
     record = stage_done(out, run_id)
     if record is None:
         check_word_vectors(config.augment.word_vectors)
@@ -100,7 +109,7 @@ def run_augment(
         start = time.perf_counter()
         device = device if device is not None else run_device()
         factory = generator_factory(config.augment, config.mlm.model, device=device)
-        augmented = augment_dataset(data, columns, factory, config.augment, out, run_id)
+        augmented = augment_dataset(data, columns, factory, config.augment, out, run_id, replaceable)
         num_augmented = int(sum(augmented["is_augmented"]))
         record = mark_stage_done(out, run_id, {
             "num_examples": len(data), "num_rows": len(augmented), "num_augmented": num_augmented,
