@@ -78,6 +78,10 @@ def check_student_fits_teacher(config: PipelineConfig, teacher: PretrainedConfig
             raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
                               f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or "
                               "random")
+        try:  # distill.layer_map picks the layers copied, also for logit-only distillation
+            build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)
+        except ValueError as error:
+            raise ConfigError(f"distill.layer_map / student.num_hidden_layers: {error}") from None
 
 
 def check_layer_wise(config: PipelineConfig, teacher, student_type: str, layers: int, heads: int, hidden: int) -> None:

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
 from distill.config import StudentConfig
+from distill.layer_map import build_layer_map
 
 logger = logging.getLogger(__name__)
 
@@ -131,17 +132,22 @@ def build_student(
     Args:
         teacher: the teacher, classifier or bare encoder (its config supplies everything but the shape).
         config: preset / sizes and ``init`` ("random", "teacher_embeddings" or "teacher").
-        layer_map: teacher layers [g(1), ..., g(M)] copied into student layers 1..M when ``init == "teacher"``.
+        layer_map: teacher layers [g(1), ..., g(M)] copied into student layers 1..M when ``init == "teacher"``;
+            None: the uniform map (:func:`distill.layer_map.build_layer_map`, 3-of-6 -> [2, 4, 6]).
         encoder_only: build a bare encoder (``AutoModel``, for general distillation) instead of a classifier.
 
     Raises:
-        ValueError: ``init == "teacher"`` but hidden or FFN sizes differ from the teacher's.
+        ValueError: ``init == "teacher"`` but hidden or FFN sizes differ from the teacher's, or (no ``layer_map``)
+            the student is deeper than the teacher.
     """
     shape = student_shape(config, teacher.config)
     model_class = AutoModel if encoder_only else AutoModelForSequenceClassification
     model = model_class.from_config(student_config(teacher.config, shape))
     if config.init == "teacher":
-        init_from_teacher(model, teacher, layer_map or list(range(1, shape["num_hidden_layers"] + 1)))
+        if layer_map is None:  # the config's default map, as everywhere else (not layers 1..M)
+            layer_map = build_layer_map("uniform", config_value(teacher.config, "num_hidden_layers"),
+                                        shape["num_hidden_layers"])
+        init_from_teacher(model, teacher, layer_map)
     elif config.init == "teacher_embeddings":
         init_embeddings_from_teacher(model, teacher)
     logger.info("student: %s, %.1fM parameters, init %s", shape, model.num_parameters() / 1e6, config.init)

@@ -294,3 +294,32 @@ def test_the_shipped_student_is_cut_from_the_layers_of_a_teacher_of_every_family
     for name, value in student.state_dict().items():
         source = re.sub(r"\.layer\.(\d+)\.", lambda m: f".layer.{layer_map[int(m.group(1))] - 1}.", name)
         assert torch.equal(value, teacher_state[source]), (family, name, source)
+
+
+@pytest.mark.parametrize("teacher_layers, copied", [(6, [2, 4, 6]), (4, [2, 4])])
+def test_logit_only_distillation_cuts_the_student_from_the_layers_of_the_configured_map(tmp_path, tiny_tokenizer,
+                                                                                         teacher_layers, copied):
+    """Finding 3 of issue 27: with every intermediate weight 0 no layer is matched, but a student cut from the teacher
+    (init teacher) still copies the layers of distill.layer_map (uniform: 2, 4, 6 of 6), not layers 1..M; the stage
+    record and the card say which."""
+    from huggingface_hub import ModelCard
+
+    from conftest import tiny_bert
+
+    teacher = tiny_bert(num_hidden_layers=teacher_layers, **LABELS)
+    config = tiny_job(tmp_path, teacher, tiny_tokenizer,
+                      student={"preset": "teacher-half", "init": "teacher", "num_hidden_layers": None,
+                               "hidden_size": None, "intermediate_size": None, "num_attention_heads": None},
+                      distill={"weights": {"embedding": 0.0, "hidden": 0.0, "attention": 0.0}})
+    assert run_distill.main(["pipeline", "--config", config, "--data-dir", str(write_glue_folder(tmp_path, "sst2"))]) == 0
+    out = tmp_path / "run"
+    record = json.loads((out / "student_intermediate" / "stage.json").read_text())
+    assert record["skipped"] and record["layer_map"] is None and record["copied_layers"] == copied
+    student = AutoModelForSequenceClassification.from_pretrained(out / "student_intermediate")
+    assert student.config.num_hidden_layers == len(copied)
+    for mine, theirs in enumerate(copied):
+        assert torch.equal(student.bert.encoder.layer[mine].output.dense.weight,
+                           teacher.bert.encoder.layer[theirs - 1].output.dense.weight), (mine, theirs)
+    card = ModelCard.load(out / "student" / "README.md").text
+    assert f"student layers 1..{len(copied)} copied from teacher layers {copied} (distill.layer_map uniform)" in card
+    assert "layer map: none, no layer is matched (logit-only distillation)" in card

@@ -275,3 +275,32 @@ def test_teacher_fine_tuning_for_a_regression_task(tmp_path, tiny_tokenizer):
     teacher = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "teacher")
     assert teacher.config.num_labels == 1 and teacher.config.problem_type == "regression"
     assert set(json.loads((tmp_path / "run" / "teacher" / "stage.json").read_text())["dev"]) == {"pearson", "spearmanr"}
+
+
+@pytest.mark.parametrize("start", ["checkpoint", "built"])
+def test_a_regression_student_keeps_problem_type_and_pipeline_returns_its_score(tmp_path, tiny_tokenizer, start):
+    """Finding 4 of issue 27: a regression student started from a checkpoint (``student.model``, as a general-distilled
+    start) or built from a teacher whose config lacks ``problem_type`` is saved with problem_type "regression" and one
+    output, so ``pipeline("text-classification")`` returns the raw score instead of its sigmoid."""
+    from transformers import BertModel, pipeline
+
+    from conftest import tiny_bert_config
+
+    teacher = _tiny_teacher_for("stsb")
+    sections = {}
+    if start == "checkpoint":
+        BertModel(tiny_bert_config()).save_pretrained(tmp_path / "start")
+        tiny_tokenizer.save_pretrained(tmp_path / "start")
+        sections["student"] = {"model": str(tmp_path / "start")}
+    else:
+        teacher.config.problem_type = None  # a given teacher that does not say it
+    config = tiny_job(tmp_path, teacher, tiny_tokenizer, task={"name": "stsb"}, **sections)
+    assert run_distill.main(["pipeline", "--config", config, "--data-dir", str(write_glue_folder(tmp_path, "stsb"))]) == 0
+    folder = tmp_path / "run" / "student"
+    student = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert student.config.problem_type == "regression" and student.config.num_labels == 1
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        raw = student(**tokenizer("the movie was good", return_tensors="pt")).logits[0, 0].item()
+    score = pipeline("text-classification", model=str(folder), device="cpu")("the movie was good")[0]["score"]
+    assert score == pytest.approx(raw, abs=1e-5)
