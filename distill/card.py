@@ -15,7 +15,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from distill.config import PipelineConfig, StudentConfig, TrainConfig
 from distill.data import TaskSpec
-from distill.terms import LOSS_TERMS
+from distill.report import chance_note
 from students import RELATIVE_PRESETS, student_shape
 from teachers.assets import HUB_IDS
 
@@ -44,26 +44,58 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
     return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random"}[student.init]
 
 
-def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int) -> list[str]:
-    """How a student was made, in words for its model card."""
+def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
+                 step2: dict | None = None) -> list[str]:
+    """How a student was made, in words for its model card, read from what ran where the stage records say it.
+
+    Args:
+        config: the job's config.
+        teacher_record, general, step1, step2: the records of the teacher stage, the general stage
+            (``general.json``), the intermediate step and the prediction step (``stage.json``). The loss weights listed
+            are the terms that ran (``weights`` in the step records), the layers copied into a student cut from the
+            teacher are ``copied_layers``.
+        num_rows: rows of the distillation training set.
+    """
     teacher = config.teacher
     made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
             f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
             + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
     dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
-    weights = {name: config.distill.weights.get(name, 1.0) for name in LOSS_TERMS}
     augment = config.augment
+    skipped = step1.get("skipped", False)
+    weights = ran_weights(config, step1, step2)
+    copied = step1.get("copied_layers")
+    start = (f"student layers 1..{len(copied)} copied from teacher layers {copied} (distill.layer_map "
+             f"{config.distill.layer_map})" if copied else describe_init(config.student, config.distill.layer_map))
     lines = [f"teacher: {made}; dev {dev}",
              (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
               f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows"),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
-              f", {general['steps']} steps" if general["folder"] else f"start: {describe_init(config.student, config.distill.layer_map)}"),
+              f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
              f"student: {_student_shape(config) if config.student.model is None else config.student.model}",
-             f"layer map (student 0..M -> teacher): {step1.get('layer_map')}",
-             f"loss weights: {weights}; temperature {config.distill.temperature}",
-             f"intermediate step: {_budget(config.distill.intermediate)}; prediction step: "
-             f"{_budget(config.distill.prediction)}"]
+             ("layer map: none, no layer is matched (logit-only distillation)" if skipped
+              else f"layer map (student 0..M -> teacher): {step1.get('layer_map')}"),
+             f"loss weights (the terms that ran): {weights}"
+             + (f"; temperature {config.distill.temperature}" if "prediction" in weights else ""),
+             ("intermediate step: skipped (every intermediate loss weight is 0)" if skipped
+              else f"intermediate step: {_budget(config.distill.intermediate)}")
+             + f"; prediction step: {_budget(config.distill.prediction)}"]
     return lines
+
+
+def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) -> dict[str, float]:
+    """The loss terms that ran, with their weights: from the steps' records (``weights``), or, for records written
+    before they held them, as the steps choose them (the intermediate terms weighted above 0, none when the step was
+    skipped; the prediction term at its weight)."""
+    from distill.objective import intermediate_terms
+
+    first = step1.get("weights")
+    if first is None:
+        first = {} if step1.get("skipped") else intermediate_terms(config.distill.weights)
+    second = (step2 or {}).get("weights")
+    if second is None:
+        second = {"prediction": config.distill.weights.get("prediction", 1.0)}
+    return {**first, **{name: weight for name, weight in second.items() if weight > 0}}
 
 
 def _student_shape(config: PipelineConfig) -> dict:
@@ -80,34 +112,58 @@ def _budget(train: TrainConfig) -> str:
     return f"{steps}, batch {train.batch_size}, lr {train.learning_rate:g}"
 
 
-def _eval_results(spec: TaskSpec, dev: dict, model_name: str) -> list[EvalResult]:
-    dataset = "nyu-mll/glue" if spec.hub else None
+def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResult]:
+    """The ``model-index`` results: the hub dataset and split only when the dev set is the hub's (the hub, or the
+    bundled copy of GLUE's dev file), with the slice a ``task.max_eval_examples`` subset took; any other dev set by
+    the task's name and its own description."""
+    on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
+    if on_hub:
+        used, available = data["num_examples"]["dev"], data["num_available"]["dev"]
+        subset = used < available
+        names = {"dataset_type": "nyu-mll/glue", "dataset_config": spec.name,
+                 "dataset_split": spec.hub_dev_split + (f"[:{used}]" if subset else ""),
+                 "dataset_name": f"{spec.name} (dev" + (f", first {used} of {available} examples)" if subset else ")")}
+    else:
+        where = f": {data['location']}, {data['num_examples']['dev']} examples" if data else ""
+        names = {"dataset_type": spec.name, "dataset_split": "dev", "dataset_name": f"{spec.name} (dev{where})"}
     return [EvalResult(task_type="text-classification" if not spec.is_regression else "text-regression",
-                       dataset_type=dataset or spec.name, dataset_name=f"{spec.name} (dev)",
-                       dataset_config=spec.name if spec.hub else None, dataset_split="validation",
-                       metric_type=name, metric_value=round(float(value), 4))
+                       metric_type=name, metric_value=round(float(value), 4), **names)
             for name, value in dev.items()]
 
 
-def _table(rows: list[dict], metric_names: list[str]) -> str:
+def _latency(value) -> str:
+    """A latency cell: the median, with its p10-p90 when known."""
+    if isinstance(value, dict):
+        return f"{value['median']:.1f} ({value['p10']:.1f}-{value['p90']:.1f})" if "p10" in value else f"{value['median']:.1f}"
+    return f"{value:.1f}"
+
+
+def _table(rows: list[dict], metric_names: list[str], chance: dict | None = None) -> str:
     keys = list(dict.fromkeys(k for row in rows for k in row.get("latency_ms", {})))  # e.g. batch_1, batch_32
-    header = ["model", *metric_names, "parameters", "size (MB)", *[f"latency {k.replace('_', ' ')} (ms)" for k in keys],
+    spread = any(isinstance(v, dict) for row in rows for v in row.get("latency_ms", {}).values())
+    header = ["model", *metric_names, "parameters", "size (MB)",
+              *[f"latency {k.replace('_', ' ')} (ms{', p10-p90' if spread else ''})" for k in keys],
               "faster by", "retained"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    reference = chance_note("teacher", rows[0]["dev"], chance) if len(rows) > 1 else None
     for row in rows:
         latency = row.get("latency_ms", {})
+        note = (reference or chance_note("student", row["dev"], chance)) if len(rows) > 1 else None
+        faster = row.get("faster_by_range")
         cells = [row["name"], *[f"{row['dev'][m]:.4f}" if m in row["dev"] else "-" for m in metric_names],
                  f"{row['num_parameters'] / 1e6:.1f}M" if row.get("num_parameters") else "-",
                  f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
-                 *[f"{latency[k]:.1f}" if k in latency else "-" for k in keys],
-                 f"{row['faster_by']:.2f}x" if row.get("faster_by") else "-",
-                 f"{100 * row['retained']:.1f}%" if row.get("retained") else "-"]
+                 *[_latency(latency[k]) if k in latency else "-" for k in keys],
+                 (f"{row['faster_by']:.2f}x" + (f" ({faster[0]:.2f}-{faster[1]:.2f}x)" if faster else ""))
+                 if row.get("faster_by") else "-",
+                 f"n/a — {note}" if note else f"{100 * row['retained']:.1f}%" if row.get("retained") else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[dict], recipe: list[str],
-                 command: str, export: dict | None = None, license: str = "apache-2.0") -> ModelCard:
+                 command: str, export: dict | None = None, license: str = "apache-2.0", data: dict | None = None,
+                 chance: dict | None = None, latency_note: str | None = None) -> ModelCard:
     """The card of a task-distilled student.
 
     Args:
@@ -115,24 +171,34 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
         spec: the task; its dev metrics are the ``model-index`` results.
         teacher: the teacher's name (hub id, asset name or folder): the base model when it has a hub id.
         rows: table rows, teacher first then the student: ``name``, ``dev`` (metric -> value), and optionally
-            ``num_parameters``, ``size_mb``, ``latency_ms`` ({"batch_1": ms, ...}), ``faster_by``, ``retained``.
+            ``num_parameters``, ``size_mb``, ``latency_ms`` ({"batch_1": ms, or {"median", "p10", "p90"}}),
+            ``faster_by`` and ``faster_by_range`` ([low, high]), ``retained``.
         recipe: lines saying how it was made (stages, layer map, losses, augmentation, steps).
         command: the command that made it.
         export: the ``onnx/export.json`` record, when the folder has ONNX files.
+        data: the run's :class:`~distill.data.DataSource` as a dict with its ``description``: the hub dataset is
+            named in the metadata only when the data came from it (or is the bundled copy of its dev set), with the
+            subset ``task.max_eval_examples`` took. None: the dev set is named by the task only.
+        chance: :func:`teachers.finetune.chance`'s record: a teacher or student at or near chance gets "n/a" and why
+            instead of a retained share.
+        latency_note: how the latency was measured (default: a generic line).
     """
     student = rows[-1]
-    data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
-                         pipeline_tag="text-classification", base_model=hub_id(teacher),
-                         datasets=["nyu-mll/glue"] if spec.hub else None, model_name=name,
-                         eval_results=_eval_results(spec, student["dev"], name))
+    on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
+    card_data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
+                              pipeline_tag="text-classification", base_model=hub_id(teacher),
+                              datasets=["nyu-mll/glue"] if on_hub else None, model_name=name,
+                              eval_results=_eval_results(spec, student["dev"], data))
     metric_names = list(student["dev"])
     sections = [
         f"# {name}",
         f"A student distilled with tinydistill (TinyBERT-style knowledge distillation, Jiao et al., 2020) from the "
         f"teacher `{teacher}` on {spec.name}. It is a plain `transformers` checkpoint.",
         "## Results (dev set)",
-        _table(rows, metric_names),
-        "Latency on the CPU of the machine that made it, median of repeated runs (see report.md of the run).",
+        _table(rows, metric_names, chance),
+        *([f"Data: {data['description']}."] if data else []),
+        latency_note or "Latency on the CPU of the machine that made it, median of repeated runs (see report.md of "
+                        "the run).",
         "## How it was made",
         "\n".join(f"- {line}" for line in recipe),
         f"Command:\n\n```bash\n{command}\n```",
@@ -141,7 +207,22 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
         sections.append(_export_section(export))
     sections += ["## Use", "```python\nfrom transformers import pipeline\n\nclassify = pipeline(\"text-classification\", "
                            "model=\"PATH_OR_REPO\")\nprint(classify(\"a charming and often affecting journey\"))\n```"]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+    return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def latency_note(timing: dict) -> str:
+    """How the report timed the models (its ``timing`` setup), for the card: median and p10-p90, when, reused or
+    not, and a warning when the spread was large."""
+    note = (f"Latency on the CPU of the machine that made it: median (p10-p90) of {timing['num_repeats']} interleaved "
+            f"runs at sequence length {timing['seq_length']}, {timing['num_threads']} threads")
+    if timing.get("timed_at"):
+        note += f", timed {timing['timed_at']}" + (" (reused on a re-run of the same models)" if timing.get("reused")
+                                                    else "")
+    note += "; 'faster by' at the largest batch with its range (see report.md of the run)."
+    if timing.get("noisy"):
+        note += f" Warning: noisy timing, spread (p90 - p10) / median above {timing['max_spread']:g} for " + \
+                "; ".join(timing["noisy"]) + "."
+    return note
 
 
 def _export_section(export: dict) -> str:

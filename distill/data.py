@@ -225,8 +225,44 @@ def _parse_label(value, spec: TaskSpec, path: Path | str, line_number: int) -> i
     return label
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """Where a run's task data came from and how much of it the run uses (for the report and the model card).
+
+    Attributes:
+        kind: "bundled" (the sample shipped in ``distill/assets``), "local" (a GLUE-format folder), "hub"
+            (``datasets.load_dataset``) or "files" (a user's own train and dev files).
+        location: the folder, the files ("train, dev"), or the hub dataset ("glue/sst2").
+        num_examples: {split: examples the run uses}.
+        num_available: {split: examples in the source, before ``task.max_train_examples`` / ``max_eval_examples``}.
+    """
+
+    kind: str
+    location: str
+    num_examples: dict[str, int]
+    num_available: dict[str, int]
+
+    def split_size(self, split: str) -> str:
+        """"872 dev" when the whole split is used, "first 32 of 872 dev" for a subset."""
+        used, available = self.num_examples[split], self.num_available[split]
+        return f"{used} {split}" if used == available else f"first {used} of {available} {split}"
+
+    def describe(self) -> str:
+        """One line, e.g. "bundled sample (.../assets/sst2): 10000 train, first 32 of 872 dev examples"."""
+        where = {"bundled": "bundled sample", "local": "local GLUE-format folder", "hub": "the hub",
+                 "files": "your files"}[self.kind]
+        return f"{where} ({self.location}): {', '.join(map(self.split_size, self.num_examples))} examples"
+
+
 def load_task_data(config: TaskConfig, spec: TaskSpec | None = None) -> datasets.DatasetDict:
-    """Load the train and dev splits of the configured task.
+    """Load the train and dev splits of the configured task (:func:`load_task_data_with_source` without the
+    source)."""
+    return load_task_data_with_source(config, spec)[0]
+
+
+def load_task_data_with_source(config: TaskConfig, spec: TaskSpec | None = None
+                               ) -> tuple[datasets.DatasetDict, DataSource]:
+    """Load the train and dev splits of the configured task, and say where they came from.
 
     Sources: ``local`` (``config.data_dir``, a GLUE-format folder), ``bundled`` (the SST-2 sample shipped in
     ``distill/assets``), ``hub`` (``datasets.load_dataset``), ``auto`` (local if a data_dir is given, else bundled
@@ -234,7 +270,8 @@ def load_task_data(config: TaskConfig, spec: TaskSpec | None = None) -> datasets
 
     Returns:
         A DatasetDict with ``train``, ``dev`` and, for tasks with more dev sets, ``dev_<suffix>`` (MNLI:
-        ``dev_mismatched``); columns: the task's text columns and ``label`` (class id, or float score).
+        ``dev_mismatched``); columns: the task's text columns and ``label`` (class id, or float score). And its
+        :class:`DataSource`.
 
     Raises:
         DataError: malformed files (see :func:`read_glue_tsv`), a missing data folder or file.
@@ -243,11 +280,12 @@ def load_task_data(config: TaskConfig, spec: TaskSpec | None = None) -> datasets
     source = config.source
     if spec.hub is None:
         data, source = _load_user_files(config, spec), "files"
+        location = f"{config.train_file}, {config.dev_file}"
     else:
         if source == "auto":
             source = "local" if config.data_dir else ("bundled" if (ASSETS / spec.name).is_dir() else "hub")
         if source == "hub":
-            data = _load_hub(spec)
+            data, location = _load_hub(spec), "/".join(spec.hub)
         else:
             if source == "local" and not config.data_dir:
                 raise DataError("task.source is 'local' but task.data_dir is not set; pass --data-dir")
@@ -258,13 +296,16 @@ def load_task_data(config: TaskConfig, spec: TaskSpec | None = None) -> datasets
             files = {"train": spec.train_file, "dev": spec.dev_file,
                      **{f"dev_{suffix}": file for suffix, file, _ in spec.extra_dev}}
             data = datasets.DatasetDict({split: read_glue_tsv(folder / file, spec) for split, file in files.items()})
+            location = str(folder)
+    available = {split: len(rows) for split, rows in data.items()}
     if config.max_train_examples:
         data["train"] = data["train"].select(range(min(config.max_train_examples, len(data["train"]))))
     if config.max_eval_examples:
         for split in spec.dev_splits:
             data[split] = data[split].select(range(min(config.max_eval_examples, len(data[split]))))
-    logger.info("task %s (%s): %s examples", spec.name, source, ", ".join(f"{len(v)} {k}" for k, v in data.items()))
-    return data
+    found = DataSource(source, location, {split: len(rows) for split, rows in data.items()}, available)
+    logger.info("task %s: %s", spec.name, found.describe())
+    return data, found
 
 
 def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:

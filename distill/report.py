@@ -1,13 +1,18 @@
 """Size, speed and accuracy of teacher and students side by side: ``report.json`` and ``report.md``.
 
-Latency is the wall time of one forward pass (no gradients, eval mode) on random token ids of a fixed length,
-median (and p90) over repeated runs after warm-up. Models are timed interleaved (each repeat runs every model once)
-so that machine noise spreads evenly over them.
+Latency is the wall time of one forward pass (no gradients, eval mode) on random token ids of a fixed length:
+median, p10 and p90 over repeated runs after warm-up, so every number comes with its spread. Models are timed
+interleaved (each repeat runs every model once) so that machine noise spreads evenly over them. A finished pipeline
+run again reuses the timing its report.json holds while the models and the timing setup are the same (see
+:func:`timing_key`), rather than printing new numbers for the same models.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -15,8 +20,14 @@ from pathlib import Path
 import torch
 
 from distill.checkpoint import write_json_atomic
-from distill.config import METRICS, ReportConfig
+from distill.config import METRICS, ReportConfig, to_dict
 from distill.device import synchronize
+from teachers.finetune import CHANCE_MARGIN
+
+logger = logging.getLogger(__name__)
+
+# Latency spread, (p90 - p10) / median, above which the report warns that the numbers are noisy.
+MAX_SPREAD = 0.25
 
 
 def size_mb(model_dir: Path) -> float:
@@ -50,8 +61,9 @@ def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device
         prefix: put before each latency key (e.g. "cuda_" for the accelerator's timings).
 
     Returns:
-        {name: {"latency_ms": {"<prefix>batch_1": {"median", "p90"}, ...}, "<prefix>samples_per_s": at the largest
-        batch}}, milliseconds.
+        {name: {"latency_ms": {"<prefix>batch_1": {"median", "p10", "p90", "spread"}, ...}, "<prefix>samples_per_s":
+        at the largest batch}}: milliseconds; percentiles interpolated between the sorted runs; spread
+        (p90 - p10) / median.
     """
     device = torch.device(device)
     if config.num_threads:
@@ -74,16 +86,71 @@ def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device
                 synchronize(device)
                 samples[name].append((time.perf_counter() - start) * 1000)
         for name, times in samples.items():
-            ordered = sorted(times)
-            results[name]["latency_ms"][f"{prefix}batch_{batch_size}"] = {
-                "median": statistics.median(ordered),
-                "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
-            }
+            results[name]["latency_ms"][f"{prefix}batch_{batch_size}"] = latency_summary(times)
     largest = max(config.batch_sizes)
     for name in models:
         median = results[name]["latency_ms"][f"{prefix}batch_{largest}"]["median"]
         results[name][f"{prefix}samples_per_s"] = largest / (median / 1000)
     return results
+
+
+def latency_summary(times: list[float]) -> dict[str, float]:
+    """Median, p10, p90 (linear interpolation between the sorted values; one value: all three) and spread
+    (p90 - p10) / median of repeated timings, in their unit."""
+    ordered = sorted(times)
+    if len(ordered) > 1:
+        deciles = statistics.quantiles(ordered, n=10, method="inclusive")
+        p10, p90 = deciles[0], deciles[-1]
+    else:
+        p10 = p90 = ordered[0]
+    median = statistics.median(ordered)
+    return {"median": median, "p10": p10, "p90": p90, "spread": (p90 - p10) / median if median > 0 else 0.0}
+
+
+def timing_key(models: dict[str, str], config: ReportConfig, accelerator: str | None) -> dict:
+    """What a stored timing depends on: the timed models (name -> the run id of the stage that made it), the timing
+    settings, the accelerator timed on and the machine (host, CPU count, torch threads and version). Two runs with
+    the same key time the same models the same way, so a re-run reuses the stored numbers."""
+    return {"models": dict(models), "settings": to_dict(config), "accelerator": accelerator,
+            "machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "num_threads": torch.get_num_threads(),
+                        "torch": torch.__version__}}
+
+
+def stored_timing(output_dir: Path, key: dict) -> dict[str, dict] | None:
+    """The timing in ``output_dir/report.json`` when it was made under ``key`` (:func:`timing_key`), as
+    :func:`time_models` returns it (every prefix together) plus "timed_at"; None when there is none or the key
+    differs."""
+    path = Path(output_dir) / "report.json"
+    if not path.is_file():
+        return None
+    try:
+        flat = json.loads(path.read_text(encoding="utf-8"))
+        if any(entry["timing"].get("key") != key or "latency" not in entry for entry in flat.values()):
+            return None
+        return {name: {"latency_ms": entry["latency"], "timed_at": entry["timing"]["timed_at"],
+                       **{k: v for k, v in entry.items() if k.endswith("samples_per_s")}}
+                for name, entry in flat.items() if name in key["models"]}
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError):
+        return None  # a report of an older version: time again
+
+
+def chance_note(role: str, dev: dict, chance: dict | None) -> str | None:
+    """Why a retained share would mean nothing: the model (``role``, "teacher" or "student") is at, below or within
+    :data:`CHANCE_MARGIN` of chance on the primary metric. None when it is clear of chance.
+
+    Args:
+        dev: the model's dev metrics.
+        chance: :func:`teachers.finetune.chance`'s record ({"metric", "value", "basis"}), or None (not known).
+    """
+    if chance is None or chance["metric"] not in dev:
+        return None
+    value, level = dev[chance["metric"]], chance["value"]
+    if value >= level + CHANCE_MARGIN:
+        return None
+    if abs(value - level) < 0.005:
+        return f"{role} at chance ({value:.3f} = {chance['basis']})"
+    where = "below" if value < level else f"within {CHANCE_MARGIN:g} of"
+    return f"{role} {where} chance ({value:.3f}; chance {level:.3f} = {chance['basis']})"
 
 
 # Stage folders of a pipeline output folder, in the order they run, with the names the report gives them.
@@ -122,17 +189,47 @@ def stage_seconds(output_dir: Path, stages: list[str]) -> dict[str, dict]:
 
 
 def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher",
-                 accelerator: str | None = None, stages: dict[str, dict] | None = None) -> dict:
-    """Add ratios to the reference model (smaller by, faster by on the CPU, metric retained) and the timing setup
-    (``accelerator``: the device type of the extra timings, if any; ``stages``: :func:`stage_seconds`)."""
+                 accelerator: str | None = None, stages: dict[str, dict] | None = None, chance: dict | None = None,
+                 run: dict | None = None, timed: dict | None = None) -> dict:
+    """Add ratios to the reference model (smaller by, faster by on the CPU with its range, metric retained) and the
+    timing setup.
+
+    Args:
+        entries: {name: {"dev", "num_parameters", "latency_ms": {key: :func:`latency_summary`}, ...}}.
+        config: the report settings.
+        reference: the entry the ratios compare with (the teacher).
+        accelerator: the device type of the extra timings, if any.
+        stages: :func:`stage_seconds`.
+        chance: :func:`teachers.finetune.chance`'s record: a model at or near chance gets no retained share
+            (``metric_retained`` None) but a ``retained_note`` saying why.
+        run: {"task", "data" (a :class:`distill.data.DataSource` as a dict, with "description"), "config" (path)}.
+        timed: {"key": :func:`timing_key`, "timed_at": ISO time, "reused": bool}: when and under what the latency was
+            measured.
+
+    Returns:
+        {"models": entries with "ratios" ("faster_by_range": [teacher p10 / model p90, teacher p90 / model p10]) and
+        "retained_note", "timing": the setup, "run": ``run``, "chance": ``chance``}.
+    """
     base = entries[reference]
     largest = f"batch_{max(config.batch_sizes)}"
-    for entry in entries.values():
+    reference_note = chance_note(reference, base["dev"], chance)
+    for name, entry in entries.items():
+        theirs, ours = base["latency_ms"][largest], entry["latency_ms"][largest]
+        note = reference_note or chance_note(name, entry["dev"], chance)
         entry["ratios"] = {
             "smaller_by": base["num_parameters"] / entry["num_parameters"],
-            "faster_by": base["latency_ms"][largest]["median"] / entry["latency_ms"][largest]["median"],
-            "metric_retained": _retained(entry["dev"], base["dev"]),
+            "faster_by": theirs["median"] / ours["median"],
+            "faster_by_range": [theirs.get("p10", theirs["median"]) / ours.get("p90", ours["median"]),
+                                theirs.get("p90", theirs["median"]) / ours.get("p10", ours["median"])],
+            "metric_retained": None if note else _retained(entry["dev"], base["dev"]),
         }
+        entry["retained_note"] = note and f"n/a — {note}"
+    for message in dict.fromkeys(e["retained_note"] for e in entries.values() if e["retained_note"]):
+        logger.warning("report: metric retained %s", message)
+    noisy = _noisy(entries)
+    for line in noisy:
+        logger.warning("report: latency spread is large: %s; the numbers are noisy (a busy machine?), time again on "
+                       "an idle one or raise report.num_repeats", line)
     setup = {
         "seq_length": config.seq_length,
         "batch_sizes": config.batch_sizes,
@@ -141,8 +238,19 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         "torch": torch.__version__,
         "accelerator": accelerator,
         "stage_seconds": stages or {},
+        "max_spread": MAX_SPREAD,
+        "noisy": noisy,
+        **(timed or {}),
     }
-    return {"models": entries, "timing": setup}
+    return {"models": entries, "timing": setup, "run": run, "chance": chance}
+
+
+def _noisy(entries: dict[str, dict]) -> list[str]:
+    """Each timing whose spread (p90 - p10) / median is above :data:`MAX_SPREAD`, in words."""
+    return [f"{name} {key.replace('_', ' ')}: {t['median']:.1f} ms, p10-p90 {t['p10']:.1f}-{t['p90']:.1f} "
+            f"(spread {t['spread']:.2f})"
+            for name, entry in entries.items() for key, t in entry["latency_ms"].items()
+            if t.get("spread", 0.0) > MAX_SPREAD]
 
 
 def _retained(metrics: dict, reference: dict) -> float | None:
@@ -154,9 +262,11 @@ def _retained(metrics: dict, reference: dict) -> float | None:
 
 def write_report(report: dict, output_dir: Path) -> None:
     """Write ``report.json`` (one entry per model: its dev metrics such as ``accuracy``, ``num_parameters``,
-    ``size_mb``, ``latency_ms`` per batch size, ``samples_per_s``, ratios to the teacher, the timing setup with
-    ``stage_seconds`` (:func:`stage_seconds`), and for a teacher fine-tuned with model selection its ``selection``:
-    dev scores while training, best step, last step's score) and ``report.md`` (the same as tables and notes)."""
+    ``size_mb``, ``latency_ms`` (median) and ``latency_p90_ms`` per batch size, ``latency`` (median, p10, p90,
+    spread), ``samples_per_s``, ratios to the teacher (``retained_note`` where a retained share means nothing), the
+    timing setup with ``stage_seconds`` (:func:`stage_seconds`) and the timing key, the run (task, data, config),
+    chance, and for a teacher fine-tuned with model selection its ``selection``: dev scores while training, best step,
+    last step's score) and ``report.md`` (the same as tables and notes)."""
     flat = {}
     for name, entry in report["models"].items():
         largest = max(report["timing"]["batch_sizes"])
@@ -167,38 +277,64 @@ def write_report(report: dict, output_dir: Path) -> None:
             "size_mb": entry["size_mb"],
             "latency_ms": {k: v["median"] for k, v in entry["latency_ms"].items()},
             "latency_p90_ms": {k: v["p90"] for k, v in entry["latency_ms"].items()},
+            "latency": entry["latency_ms"],
             **{key: value for key, value in entry.items() if key.endswith("samples_per_s")},
             "throughput_batch_size": largest,
             "ratios": entry["ratios"],
+            "retained_note": entry.get("retained_note"),
             "path": entry.get("path"),
             "timing": report["timing"],
+            "run": report.get("run"),
+            "chance": report.get("chance"),
             **({"selection": entry["selection"]} if entry.get("selection") else {}),
         }
     write_json_atomic(output_dir / "report.json", flat)
-    (output_dir / "report.md").write_text(markdown_table(flat, report["timing"]), encoding="utf-8")
+    (output_dir / "report.md").write_text(markdown_table(flat, report["timing"], report.get("run")), encoding="utf-8")
 
 
-def markdown_table(flat: dict, timing: dict) -> str:
+def markdown_table(flat: dict, timing: dict, run: dict | None = None) -> str:
+    """``report.md``: what was run (task, data, config), the table of models, and notes on timing, noise, the
+    teacher's selection and the stages' wall times."""
     metric_names = [k for k in next(iter(flat.values())) if any(k == m or k.startswith(f"{m}_") for m in METRICS)]
     batches = list(next(iter(flat.values()))["latency_ms"])  # CPU "batch_B", then "<accelerator>_batch_B" if timed
-    header = ["model", *metric_names, "params (M)", "size (MB)", *[f"latency {b.replace('_', ' ')} (ms)" for b in batches],
-              "samples/s", "smaller by", "faster by", "metric retained"]
+    header = ["model", *metric_names, "params (M)", "size (MB)",
+              *[f"latency {b.replace('_', ' ')} (ms, p10-p90)" for b in batches],
+              "samples/s", "smaller by", "faster by (range)", "metric retained"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, e in flat.items():
         retained = e["ratios"]["metric_retained"]
+        spread = e.get("latency", {})
+        low, high = e["ratios"].get("faster_by_range", [None, None])
         cells = [name, *[f"{e[m]:.4f}" for m in metric_names], f"{e['num_parameters'] / 1e6:.1f}", f"{e['size_mb']:.1f}",
-                 *[f"{e['latency_ms'][b]:.1f}" for b in batches], f"{e['samples_per_s']:.0f}",
-                 f"{e['ratios']['smaller_by']:.2f}x", f"{e['ratios']['faster_by']:.2f}x",
-                 "-" if retained is None else f"{100 * retained:.1f}%"]
+                 *[f"{e['latency_ms'][b]:.1f}" + (f" ({spread[b]['p10']:.1f}-{spread[b]['p90']:.1f})" if b in spread else "")
+                   for b in batches], f"{e['samples_per_s']:.0f}",
+                 f"{e['ratios']['smaller_by']:.2f}x",
+                 f"{e['ratios']['faster_by']:.2f}x" + (f" ({low:.2f}-{high:.2f}x)" if low is not None else ""),
+                 e.get("retained_note") or ("-" if retained is None else f"{100 * retained:.1f}%")]
         lines.append("| " + " | ".join(cells) + " |")
-    note = (f"\nLatency: median of {timing['num_repeats']} interleaved runs after warm-up, sequence length "
+    note = (f"\nLatency: median and p10-p90 of {timing['num_repeats']} interleaved runs after warm-up, sequence length "
             f"{timing['seq_length']}, {timing['num_threads']} CPU threads, torch {timing['torch']}; samples/s, "
-            f"'smaller by' and 'faster by' on the CPU at batch {max(timing['batch_sizes'])}.")
+            f"'smaller by' and 'faster by' on the CPU at batch {max(timing['batch_sizes'])} ('faster by' range: the "
+            "teacher's p10 over the model's p90 to the teacher's p90 over the model's p10).")
     if timing.get("accelerator"):
         note += f" Columns named {timing['accelerator']} batch B: the same timing on {timing['accelerator']}."
+    if timing.get("timed_at"):
+        note += (f" Timed {timing['timed_at']}" + (": the stored timing of these same models, reused (delete "
+                 "report.json to time again)." if timing.get("reused") else "."))
+    if timing.get("noisy"):
+        note += (f"\n\n**Warning: noisy timing.** The spread (p90 - p10) / median is above {timing['max_spread']:g} for "
+                 + "; ".join(timing["noisy"]) + ". Time again on an idle machine, or raise report.num_repeats.")
     selection = flat.get("teacher", {}).get("selection")
-    return ("\n".join(lines) + "\n" + note + "\n" + (_selection_note(selection) if selection else "")
+    return (_run_header(run) + "\n".join(lines) + "\n" + note + "\n" + (_selection_note(selection) if selection else "")
             + _stage_table(timing.get("stage_seconds") or {}))
+
+
+def _run_header(run: dict | None) -> str:
+    """The title and what was run: task, data (source and examples used), config file."""
+    if not run:
+        return ""
+    return (f"# Report: {run['task']}\n\n- task: {run['task']}\n- data: {run['data']['description']}\n"
+            f"- config: {run['config']}\n\n")
 
 
 def _selection_note(selection: dict) -> str:

@@ -33,12 +33,14 @@ def test_the_student_folder_has_a_card_the_hub_reads_back_with_its_metrics(finis
     record = json.loads((out / "student" / "stage.json").read_text())
     (result,) = card.data.eval_results
     assert result.metric_type == "accuracy" and result.metric_value == round(record["dev"]["accuracy"], 4)
-    assert result.dataset_type == "nyu-mll/glue" and result.dataset_config == "sst2"
+    # The fixture's dev set is a local folder of made-up sentences: the card does not claim GLUE's validation split.
+    assert result.dataset_type == "sst2" and result.dataset_split == "dev" and card.data.datasets is None
     assert {"distillation", "tinybert"} <= set(card.data.tags) and card.data.license == "apache-2.0"
     assert card.data.base_model is None  # a local teacher has no hub id
     text = card.text
     assert "| teacher (" in text and "| student |" in text  # the report table
     assert "layer map (student 0..M -> teacher): [0, 1, 2]" in text and "general distillation start" in text
+    assert "Data: local GLUE-format folder (" in text and "): 12 train, 6 dev examples." in text
     assert "python run_distill.py pipeline --config job.yaml" in text
     assert "`onnx/model.onnx`" in text and "`onnx/model_quantized.onnx`" in text
 
@@ -103,8 +105,7 @@ def test_the_export_command_writes_the_files_and_the_benchmark_times_them(finish
     config, out = finished
     student = tmp_path / "student"
     shutil.copytree(out / "student", student, ignore=shutil.ignore_patterns("onnx", "README.md"))
-    args = ["export", "--student", str(student), "--int8", "--task", "sst2", "--data-dir", config.task.data_dir,
-            "--output-dir", str(tmp_path / "log")]
+    args = ["export", "--student", str(student), "--int8", "--task", "sst2", "--data-dir", config.task.data_dir]
     assert run_distill.main(args) == 0
     assert (student / "onnx" / "model_quantized.onnx").is_file()
     assert "## Deployable files" in ModelCard.load(student / "README.md").text
@@ -116,3 +117,66 @@ def test_the_export_command_writes_the_files_and_the_benchmark_times_them(finish
     paths = {row["name"]: row["path"] for row in report["rows"]}
     assert paths["student (onnx)"] == str(student / "onnx" / "model.onnx")  # the student's own file, not a new one
     assert paths["student (onnx-int8)"] == str(student / "onnx" / "model_quantized.onnx")
+
+
+def test_the_card_lists_the_loss_weights_that_ran_and_not_the_relation_term(finished):
+    """Finding 5 of issue 27: the relation term (weight 0, never run) was listed as 1.0."""
+    config, out = finished
+    text = ModelCard.load(out / "student" / "README.md").text
+    assert ("loss weights (the terms that ran): {'embedding': 1.0, 'hidden': 1.0, 'attention': 1.0, "
+            "'prediction': 1.0}; temperature 1.0") in text
+    assert "relation" not in text
+    assert json.loads((out / "student_intermediate" / "stage.json").read_text())["weights"] == {
+        "embedding": 1.0, "hidden": 1.0, "attention": 1.0}
+
+
+def test_the_card_gives_each_latency_with_its_spread_and_when_it_was_timed(finished):
+    config, out = finished
+    text = ModelCard.load(out / "student" / "README.md").text
+    report = json.loads((out / "report.json").read_text())
+    timing = report["student"]["latency"]["batch_1"]
+    assert f"{timing['median']:.1f} ({timing['p10']:.1f}-{timing['p90']:.1f})" in text
+    low, high = report["student"]["ratios"]["faster_by_range"]
+    assert f"{report['student']['ratios']['faster_by']:.2f}x ({low:.2f}-{high:.2f}x)" in text
+    assert f"median (p10-p90) of 1 interleaved runs at sequence length 16" in text
+    assert f"timed {report['student']['timing']['timed_at']}" in text
+
+
+def _card(data=None, chance=None, teacher_dev=0.9, student_dev=0.85):
+    from distill.card import student_card
+    from distill.data import get_task
+
+    rows = [{"name": "teacher", "dev": {"accuracy": teacher_dev}, "retained": 1.0},
+            {"name": "student", "dev": {"accuracy": student_dev}, "retained": student_dev / teacher_dev}]
+    return student_card(name="s", spec=get_task("sst2"), teacher="t", rows=rows, recipe=["r"], command="c",
+                        data=data, chance=chance)
+
+
+def _source(kind, used=32, available=872):
+    return {"kind": kind, "location": "somewhere", "num_examples": {"train": 100, "dev": used},
+            "num_available": {"train": 100, "dev": available}, "description": f"{kind} data"}
+
+
+def test_the_card_names_the_hub_split_only_for_the_data_that_was_used():
+    """A subset of the hub's dev set is named as such ("validation[:32]", "first 32 of 872"); the bundled copy of
+    GLUE's dev set is GLUE's; a local folder or no record does not claim the hub dataset."""
+    (subset,) = ModelCard(str(_card(_source("hub")))).data.eval_results
+    assert (subset.dataset_type, subset.dataset_split) == ("nyu-mll/glue", "validation[:32]")
+    assert subset.dataset_name == "sst2 (dev, first 32 of 872 examples)"
+    whole = ModelCard(str(_card(_source("bundled", 872)))).data
+    assert whole.eval_results[0].dataset_split == "validation" and whole.datasets == ["nyu-mll/glue"]
+    for data in (_source("local", 872), None):
+        card = ModelCard(str(_card(data))).data
+        assert card.datasets is None and card.eval_results[0].dataset_type == "sst2"
+        assert card.eval_results[0].dataset_split == "dev"
+
+
+def test_a_teacher_or_student_at_chance_gets_no_retained_share_on_the_card():
+    """Finding 2 of issue 27: "93.3% retained" was printed for a teacher at chance."""
+    chance = {"metric": "accuracy", "value": 0.684, "basis": "majority class 'equivalent'"}
+    text = _card(chance=chance, teacher_dev=0.684, student_dev=0.638).text
+    assert text.count("n/a — teacher at chance (0.684 = majority class 'equivalent')") == 2 and "93.3%" not in text
+    text = _card(chance=chance, teacher_dev=0.86, student_dev=0.70).text
+    assert "| 100.0% |" in text
+    assert "n/a — student within 0.05 of chance (0.700; chance 0.684 = majority class 'equivalent')" in text
+    assert "| 94.2% |" in _card(chance=chance, teacher_dev=0.86, student_dev=0.81).text
