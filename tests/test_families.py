@@ -313,13 +313,26 @@ def test_logit_only_distillation_cuts_the_student_from_the_layers_of_the_configu
                       distill={"weights": {"embedding": 0.0, "hidden": 0.0, "attention": 0.0}})
     assert run_distill.main(["pipeline", "--config", config, "--data-dir", str(write_glue_folder(tmp_path, "sst2"))]) == 0
     out = tmp_path / "run"
-    record = json.loads((out / "student_intermediate" / "stage.json").read_text())
-    assert record["skipped"] and record["layer_map"] is None and record["copied_layers"] == copied
     student = AutoModelForSequenceClassification.from_pretrained(out / "student_intermediate")
     assert student.config.num_hidden_layers == len(copied)
     for mine, theirs in enumerate(copied):
         assert torch.equal(student.bert.encoder.layer[mine].output.dense.weight,
                            teacher.bert.encoder.layer[theirs - 1].output.dense.weight), (mine, theirs)
+    record = json.loads((out / "student_intermediate" / "stage.json").read_text())
+    assert record["skipped"] and record["layer_map"] is None and record["copied_layers"] == copied
     card = ModelCard.load(out / "student" / "README.md").text
     assert f"student layers 1..{len(copied)} copied from teacher layers {copied} (distill.layer_map uniform)" in card
     assert "layer map: none, no layer is matched (logit-only distillation)" in card
+
+
+def test_a_student_built_without_a_layer_map_copies_the_uniform_layers():
+    """build_student's default for init teacher is the config's default map (uniform), not layers 1..M."""
+    from conftest import tiny_bert
+    from distill.config import StudentConfig
+    from students import build_student
+
+    teacher = tiny_bert(num_hidden_layers=6)
+    student = build_student(teacher, StudentConfig(preset="teacher-half", init="teacher"))
+    for mine, theirs in enumerate([2, 4, 6]):
+        assert torch.equal(student.bert.encoder.layer[mine].attention.self.query.weight,
+                           teacher.bert.encoder.layer[theirs - 1].attention.self.query.weight), (mine, theirs)
