@@ -25,7 +25,6 @@ from distill.config import shipped_configs
 # The shipped configs: the repository's configs/ in a checkout, distill/configs/ in an installed wheel.
 DEFAULT_CONFIG = shipped_configs() / "sst2_minilm.yaml"
 SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
-PAIR_CONFIG = DEFAULT_CONFIG.with_name("pair_minilm.yaml")  # pipeline / seeds of a GLUE pair or regression task
 CONFIG_HELP = "YAML config: a file, or the name of a shipped config (configs/NAME.yaml or NAME.yaml: "
 PIPELINE_CONFIGS = "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: " \
     "pair_minilm.yaml"
@@ -210,14 +209,15 @@ def _join_process_group() -> None:
         PartialState(cpu=True)
 
 
-def _pair_task(name: str | None) -> bool:
-    """Whether ``name`` is a GLUE task of two texts or a regression task (STS-B), which the pair recipe is for."""
+def _task_recipe(name: str | None) -> tuple[str, str] | None:
+    """The shipped config for a named task that the default job's is not for (see
+    :meth:`distill.tasks.TaskType.recipe`): (file name, what it is for), or None."""
     if name is None:
-        return False
+        return None
     from distill.data import TASKS
 
     spec = TASKS.get(name)
-    return spec is not None and (len(spec.text_columns) == 2 or spec.is_regression)
+    return spec.type.recipe(spec) if spec is not None else None
 
 
 def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
@@ -229,11 +229,11 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
     overrides = {"output_dir": getattr(args, "output_dir", None)}
     if args.command == "export":
         config_file, overrides["output_dir"] = _export_config(args, config_file)
-    if args.config is None and args.command in ("pipeline", "seeds") and _pair_task(args.task):
-        config_file = str(PAIR_CONFIG)
+    recipe = _task_recipe(getattr(args, "task", None))
+    if args.config is None and args.command in ("pipeline", "seeds") and recipe is not None:
+        config_file = str(DEFAULT_CONFIG.with_name(recipe[0]))
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
-        print(f"config: {PAIR_CONFIG.relative_to(PAIR_CONFIG.parents[1])}, the recipe for pair and regression tasks "
-              "(--config FILE for another)", file=sys.stderr)
+        print(f"config: configs/{recipe[0]}, {recipe[1]} (--config FILE for another)", file=sys.stderr)
     if args.command == "benchmark" and args.no_compress:
         overrides["benchmark.compress"] = []
     if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export"):

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification
 
 from distill.checkpoint import write_json_atomic
 from distill.config import BenchmarkConfig
@@ -58,6 +57,7 @@ from distill.export import (
     reusable_export,
 )
 from distill.report import count_parameters, size_mb
+from distill.tasks import load_head_model
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work
                device: torch.device) -> list[Row]:
     """The row of a checkpoint, one row per compression variant in ``config.compress``, and when ``device`` is an
     accelerator its fp32 and fp16 rows there."""
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    model = load_head_model(folder).eval()
     parameters = count_parameters(model)
     rows = [Row(name, name, "pytorch", model, folder, size_mb(folder), parameters, init)]
     if is_accelerator(device):
@@ -181,9 +181,9 @@ def _memory_worker(variant: str, artefact: str, source: str, inputs: dict, threa
     gc.collect()
     start = process.memory_info().rss
     if variant == "pytorch":
-        model = AutoModelForSequenceClassification.from_pretrained(artefact).eval()
+        model = load_head_model(artefact).eval()
     elif variant == "int8":
-        model = quantize_torch(AutoModelForSequenceClassification.from_pretrained(source).eval())
+        model = quantize_torch(load_head_model(source).eval())
         model.load_state_dict(torch.load(artefact, weights_only=False))
     else:
         model = OnnxClassifier(artefact, threads)
@@ -282,7 +282,7 @@ def run_benchmark(
         rows.extend(model_rows(name, folder, init, config, work, max_length, device))
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
-    labels = np.asarray(encoded["labels"])
+    labels = encoded["labels"]  # (N,), or per example (T_i,) for token classification: compute_metrics takes both
     for row in rows:
         row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer, device=row.device), labels)
         logger.info("%s: %s", row.name, row.results["dev"])

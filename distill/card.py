@@ -120,13 +120,15 @@ def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResu
     if on_hub:
         used, available = data["num_examples"]["dev"], data["num_available"]["dev"]
         subset = used < available
-        names = {"dataset_type": "nyu-mll/glue", "dataset_config": spec.name,
+        hub = {"dataset_type": "nyu-mll/glue", "dataset_config": spec.name} if spec.hub[0] == "glue" else {
+            "dataset_type": spec.hub[0]}
+        names = {**hub,
                  "dataset_split": spec.hub_dev_split + (f"[:{used}]" if subset else ""),
                  "dataset_name": f"{spec.name} (dev" + (f", first {used} of {available} examples)" if subset else ")")}
     else:
         where = f": {data['location']}, {data['num_examples']['dev']} examples" if data else ""
         names = {"dataset_type": spec.name, "dataset_split": "dev", "dataset_name": f"{spec.name} (dev{where})"}
-    return [EvalResult(task_type="text-classification" if not spec.is_regression else "text-regression",
+    return [EvalResult(task_type=spec.type.card_task(spec),
                        metric_type=name, metric_value=round(float(value), 4), **names)
             for name, value in dev.items()]
 
@@ -186,7 +188,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
     student = rows[-1]
     on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
     card_data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
-                              pipeline_tag="text-classification", base_model=hub_id(teacher),
+                              pipeline_tag=spec.type.pipeline_tag, base_model=hub_id(teacher),
                               datasets=["nyu-mll/glue"] if on_hub else None, model_name=name,
                               eval_results=_eval_results(spec, student["dev"], data))
     metric_names = list(student["dev"])
@@ -205,8 +207,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
     ]
     if export:
         sections.append(_export_section(export))
-    sections += ["## Use", "```python\nfrom transformers import pipeline\n\nclassify = pipeline(\"text-classification\", "
-                           "model=\"PATH_OR_REPO\")\nprint(classify(\"a charming and often affecting journey\"))\n```"]
+    sections += ["## Use", f"```python\n{spec.type.usage('PATH_OR_REPO')}\n```"]
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 

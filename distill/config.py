@@ -87,7 +87,7 @@ class TrainConfig:
 
 
 # Task metrics by name (distill.evaluate computes them).
-METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr")
+METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr", "precision", "recall")
 
 
 @dataclass
@@ -108,8 +108,13 @@ class TaskConfig:
     label_names: list[str] | None = None  # classes in id order; None: the distinct labels of train_file, sorted
     regression: bool = False  # labels are real-valued scores (MSE, Pearson/Spearman)
     metrics: list[str] | None = None  # None: accuracy (+ f1 for two classes), or pearson + spearmanr
+    # The kind of task (distill.tasks): sequence_classification or token_classification; None: the named task's
+    # (GLUE tasks classify sequences, wnut_17 and conll2003 tag tokens), or sequence_classification for own files.
+    task_type: str | None = None
 
     def __post_init__(self) -> None:
+        _check(self.task_type in (None, "sequence_classification", "token_classification"), "task_type",
+               f"must be sequence_classification or token_classification, got {self.task_type!r}")
         unknown = [m for m in self.metrics or [] if m not in METRICS]
         _check(not unknown, "metrics", f"unknown metric(s) {unknown}; use {', '.join(METRICS)}")
         _check(len(self.text_columns) <= 2, "text_columns", f"one or two columns, got {self.text_columns}")
@@ -179,6 +184,8 @@ class AugmentConfig:
     shard_size: int = option(1000, "source examples per shard written (resume granularity)")
     num_workers: int = option(1, "processes, each augmenting whole shards with its own masked LM")
     seed: int = option(42, "same seed, same output, whatever the batch size")
+    replace_entities: bool = option(False, "token classification: also replace words inside entities (their tags "
+                                    "kept); default: only words tagged O", flag=False)
 
     def __post_init__(self) -> None:
         _check(self.num_copies >= 0, "num_copies", f"must be >= 0, got {self.num_copies}")
@@ -555,7 +562,7 @@ def to_dict(config: Any) -> dict:
 # Settings added after run ids were in use, with the value that means the behaviour from before them: at that value
 # they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
 # name at any depth: a name here must not be used by another config field.
-ADDED_SETTINGS = {"group_by_length": False}
+ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False}
 
 
 def _without_added_defaults(value: Any) -> Any:

@@ -39,8 +39,20 @@ def correlation(function, predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(function(predictions, labels)[0])
 
 
-def compute_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """The task's metrics from model outputs.
+def compute_metrics(spec: TaskSpec, outputs, labels) -> dict[str, float]:
+    """The task's metrics (``spec.metrics``) from model outputs, as its task type computes them
+    (:mod:`distill.tasks`).
+
+    Args:
+        outputs: what :func:`predict` returns: (N, C) logits, (N, 1) predictions for regression, or per example
+            (T_i, C) logits for token classification.
+        labels: (N,) gold class ids or scores; per example (T_i,) label ids for token classification.
+    """
+    return spec.type.compute_metrics(spec, outputs, labels)
+
+
+def sequence_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Sequence classification and regression metrics (accuracy, F1, Matthews correlation; Pearson, Spearman).
 
     Args:
         outputs: (N, C) logits, or (N, 1) / (N,) predictions for regression.
@@ -63,8 +75,10 @@ def compute_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) -> 
 
 
 @torch.no_grad()
-def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64) -> np.ndarray:
-    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32.
+def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64
+            ) -> np.ndarray | list[np.ndarray]:
+    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32, or for a model with one output
+    per token (token classification) a list of N (T_i, C) float32 arrays, padding removed.
 
     Args:
         model: a classifier already on ``device`` (evaluation never moves a model), or an ONNX Runtime session
@@ -86,10 +100,21 @@ def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size
     # Sort by length so batches carry little padding; restore the order afterwards.
     order = np.argsort([len(ids) for ids in inputs["input_ids"]], kind="stable")
     loader = DataLoader(inputs.select(order), batch_size=batch_size, collate_fn=collator(tokenizer))
-    chunks = []
+    chunks: list = []
     for batch in tqdm(loader, desc="evaluate", leave=False):
         batch = {k: v.to(device) for k, v in batch.items()}
-        chunks.append(model(**batch).logits.float().cpu())
+        logits = model(**batch).logits.float().cpu()
+        if logits.dim() == 3:  # (B, T, C): one row per real token of each example
+            lengths = batch["attention_mask"].sum(dim=1).tolist()
+            left = tokenizer.padding_side == "left"
+            chunks.extend(row[-n:].numpy() if left else row[:n].numpy() for row, n in zip(logits, lengths))
+        else:
+            chunks.append(logits)
+    if chunks and isinstance(chunks[0], np.ndarray):
+        restored_rows: list = [None] * len(chunks)
+        for position, row in zip(order, chunks):
+            restored_rows[position] = row
+        return restored_rows
     logits = torch.cat(chunks).numpy()
     restored = np.empty_like(logits)
     restored[order] = logits
@@ -99,7 +124,7 @@ def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size
 def evaluate(model, dataset, tokenizer, spec: TaskSpec, *, device: torch.device | str, batch_size: int = 64) -> dict:
     """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`, :func:`predict`)."""
     logits = predict(model, dataset, tokenizer, device=device, batch_size=batch_size)
-    return compute_metrics(spec, logits, np.asarray(dataset["labels"]))
+    return compute_metrics(spec, logits, dataset["labels"])
 
 
 def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, *, device: torch.device | str,

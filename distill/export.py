@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoTokenizer
 
 from distill.checkpoint import write_json_atomic
 from distill.data import TaskSpec, tokenize
@@ -218,7 +218,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
         return record
     out = folder / ONNX_FOLDER
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    model = spec.type.model_class(spec).from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     export_onnx(model, out / FILES["onnx"], max(128, max_seq_length))
     names = [FILES["onnx"]]
@@ -228,14 +228,15 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     model.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
-    labels = np.asarray(encoded["labels"])
     reference = predict(model, encoded, tokenizer, device="cpu")
+    labels = encoded["labels"]  # (N,), or per example (T_i,) for token classification: compute_metrics takes both
     files = {}
     for name in names:
         logits = predict(OnnxClassifier(out / name), encoded, tokenizer, device="cpu")
-        same = (logits.argmax(-1) == reference.argmax(-1)) if not spec.is_regression else np.ones(len(logits), bool)
+        same = spec.type.same_prediction(logits, reference, spec)
+        difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(logits, reference))
         files[name] = {"size_mb": (out / name).stat().st_size / 1e6,
-                       "max_abs_logit_difference": float(np.abs(logits - reference).max()),
+                       "max_abs_logit_difference": difference,
                        "same_prediction": float(same.mean()), "dev": compute_metrics(spec, logits, labels)}
         logger.info("export: %s, max |logit difference| %.2e, dev %s", name, files[name]["max_abs_logit_difference"],
                     files[name]["dev"])

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from distill.capture import CaptureError, capture_support, check_capture, run_model
+from distill.tasks import TaskType, get_task_type
 from distill.terms import LOSS_TERMS, TeacherOutputs, terms_of
 
 
@@ -93,6 +94,8 @@ class DistillationObjective(nn.Module):
             (paper). Projections exist only where h_S ≠ h_T.
         temperature, temperature_squared, hard_label_weight: see :func:`distill.losses.prediction_loss`.
         regression: the task is regression (single output); prediction uses MSE.
+        task_type: the task type whose ``prediction_loss`` the prediction term computes (:mod:`distill.tasks`; None:
+            sequence classification, the logits (B, C)).
         relation_heads: relation heads of the MiniLMv2 ``relation`` term (must divide both widths).
         hidden_loss: "mse" (TinyBERT Eq. 8, 9) or "normalized": the embedding and hidden terms divide each layer's
             squared error by the teacher's variation over the batch's real tokens (Σ‖h_T − μ‖²), so a teacher layer
@@ -117,6 +120,7 @@ class DistillationObjective(nn.Module):
         regression: bool = False,
         relation_heads: int = 12,
         hidden_loss: str = "mse",
+        task_type: TaskType | None = None,
     ):
         super().__init__()
         unknown = set(terms) - set(LOSS_TERMS)
@@ -132,6 +136,7 @@ class DistillationObjective(nn.Module):
         self.temperature_squared = temperature_squared
         self.hard_label_weight = hard_label_weight
         self.regression = regression
+        self.task_type = task_type if task_type is not None else get_task_type("sequence_classification")
         self.relation_heads = relation_heads
         if hidden_loss not in ("mse", "normalized"):
             raise ValueError(f"hidden_loss must be mse or normalized, got {hidden_loss!r}")

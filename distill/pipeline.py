@@ -25,7 +25,7 @@ import datasets
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification, set_seed
+from transformers import set_seed
 
 from augment import (
     augment_dataset,
@@ -151,7 +151,8 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         return load_shards(folder), run_id
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device)
-    augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id)
+    augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
+                                replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
     num_augmented = int(np.sum(augmented["is_augmented"]))
     mark_stage_done(folder, run_id, {"num_rows": len(augmented), "num_augmented": num_augmented, "device": str(device)})
     logger.info("augmentation: %d rows (%d augmented) from %d examples", len(augmented), num_augmented, len(data["train"]))
@@ -201,7 +202,7 @@ def _student(config: ConfigView, spec: TaskSpec, teacher, teacher_tokenizer, lay
         student.config.problem_type = problem_type(spec)
         return student
     check_same_vocabulary(teacher_tokenizer, load_tokenizer(start), start)
-    return AutoModelForSequenceClassification.from_pretrained(
+    return spec.type.model_class(spec).from_pretrained(
         start, num_labels=spec.num_labels, problem_type=problem_type(spec), id2label=teacher.config.id2label,
         label2id=teacher.config.label2id,
     )
@@ -246,11 +247,11 @@ def _distill_step(
         settings = {"temperature": config.distill.temperature, "regression": spec.is_regression,
                     "temperature_squared": config.distill.temperature_squared,
                     "hard_label_weight": config.distill.hard_label_weight}
-    objective = DistillationObjective(teacher, student, terms, layer_map, **settings)
+    objective = DistillationObjective(teacher, student, terms, layer_map, task_type=spec.type, **settings)
     start = config.student.model or start if name == "intermediate" else None
     if start is not None:
         load_projections(objective, Path(start))
-    train(objective, train_set, collator(tokenizer), train_config, folder, run_id, f"distill ({name} step)",
+    train(objective, train_set, collator(tokenizer, spec), train_config, folder, run_id, f"distill ({name} step)",
           device=device)
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -309,7 +310,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
                                     device=device)
     mark_stage_started(folder)  # the step's wall time leaves out the teacher logits, timed in their own folder
-    student = AutoModelForSequenceClassification.from_pretrained(folder.parent / "student_intermediate")
+    student = spec.type.model_class(spec).from_pretrained(folder.parent / "student_intermediate")
     weight = config.distill.weights.get("prediction", 1.0)
     _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set, {"prediction": weight},
                   config.distill.prediction, folder, run_id, device,
@@ -340,12 +341,14 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
 
 def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str, *,
                         device: torch.device) -> datasets.Dataset:
-    """Add a ``teacher_logits`` column (B, C), computed once on ``device`` (where ``teacher`` is) and cached on
-    disk: the prediction step then skips the teacher forward."""
+    """Add a ``teacher_logits`` column, (C,) per example, or (T_i, C) per example for a model with an output per
+    token (no padding stored), computed once on ``device`` (where ``teacher`` is) and cached on disk: the prediction
+    step then skips the teacher forward."""
     if finished_or_superseded(folder, run_id) is None:
         _start("teacher logits (cached for the prediction step)", folder)
         logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
-        datasets.Dataset.from_dict({"teacher_logits": logits.tolist()}).save_to_disk(str(folder / "data"))
+        rows = [row.tolist() for row in logits] if isinstance(logits, list) else logits.tolist()
+        datasets.Dataset.from_dict({"teacher_logits": rows}).save_to_disk(str(folder / "data"))
         mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
     cached = datasets.load_from_disk(str(folder / "data"))
     if len(cached) != len(train_set):
@@ -359,7 +362,7 @@ def stages_used(config: PipelineConfig) -> list[str]:
     return ["teacher", *augment, "general", "student_intermediate", "teacher_logits", "student"]
 
 
-def report_stage(config: PipelineConfig, teacher_record: dict, student_record: dict, out: Path, *,
+def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, student_record: dict, out: Path, *,
                  device: torch.device, chance: dict | None = None, run: dict | None = None) -> dict:
     """Time teacher and student interleaved on the CPU (and on ``device`` too when it is an accelerator) and write
     ``report.json`` / ``report.md``.
@@ -375,7 +378,7 @@ def report_stage(config: PipelineConfig, teacher_record: dict, student_record: d
     models, entries = {}, {}
     for name, record in (("teacher", teacher_record), ("student", student_record)):
         folder = out / name
-        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        model = spec.type.model_class(spec).from_pretrained(folder).eval()
         models[name] = model
         entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model),
                          **({"selection": record["selection"]} if "selection" in record else {})}
@@ -542,7 +545,7 @@ def run_pipeline(config: PipelineConfig, device: torch.device | None = None, com
 def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out, device=device)
-    report = report_stage(config, teacher_record, student_record, out, device=device,
+    report = report_stage(config, spec, teacher_record, student_record, out, device=device,
                           chance=chance(spec, dev_labels(data, spec)), run=run_record(spec, source, out))
     general = json.loads((out / "general.json").read_text(encoding="utf-8"))
     step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from distill.capture import ModelOutputs
-from distill.losses import attention_error, hidden_error, prediction_loss, relation_error, teacher_variation
+from distill.losses import attention_error, hidden_error, relation_error, teacher_variation
 
 if TYPE_CHECKING:
     from distill.objective import DistillationObjective
@@ -166,8 +166,10 @@ def _relation(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: 
 
 def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     target, _ = teacher.take("logits")
-    loss = prediction_loss(student.logits, target, objective.temperature, objective.temperature_squared,
-                           objective.regression, batch.get("labels"), objective.hard_label_weight)
+    loss = objective.task_type.prediction_loss(
+        student.logits, target, batch.get("labels"), temperature=objective.temperature,
+        temperature_squared=objective.temperature_squared, hard_label_weight=objective.hard_label_weight,
+        regression=objective.regression)
     return TermValue(loss, (student.logits.float() != target.float()).any())
 
 
@@ -183,7 +185,8 @@ LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (
              "relations at the student's last layer and its mapped teacher layer; no projections, any head counts",
              default_weight=0.0, reads_qkv=True),
     LossTerm("prediction", "prediction", lambda layer_map: [("logits", 0)], False, _prediction,
-             "TinyBERT Eq. 10: soft cross-entropy on logits (MSE for regression)"),
+             "TinyBERT Eq. 10: soft cross-entropy on logits (MSE for regression), in the task type's output space "
+             "(per scored token for token classification)"),
 )}
 
 

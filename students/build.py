@@ -11,7 +11,7 @@ import logging
 import re
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 
 from distill.config import StudentConfig
 from distill.layer_map import build_layer_map
@@ -141,7 +141,7 @@ def build_student(
             the student is deeper than the teacher.
     """
     shape = student_shape(config, teacher.config)
-    model_class = AutoModel if encoder_only else AutoModelForSequenceClassification
+    model_class = AutoModel if encoder_only else head_class(teacher)
     model = model_class.from_config(student_config(teacher.config, shape))
     if config.init == "teacher":
         if layer_map is None:  # the config's default map, as everywhere else (not layers 1..M)
@@ -152,6 +152,16 @@ def build_student(
         init_embeddings_from_teacher(model, teacher)
     logger.info("student: %s, %.1fM parameters, init %s", shape, model.num_parameters() / 1e6, config.init)
     return model
+
+
+def head_class(teacher: PreTrainedModel) -> type:
+    """The Auto class of the teacher's head (its task type's: sequence or token classifier, see
+    :mod:`distill.tasks`); a bare encoder teacher gets a sequence classifier."""
+    from distill.tasks import TASK_TYPES
+
+    name = type(teacher).__name__
+    kind = next((t for t in TASK_TYPES.values() if name.endswith(t.architecture)), TASK_TYPES["sequence_classification"])
+    return kind.model_class(None)
 
 
 def config_value(config: PretrainedConfig, key: str):

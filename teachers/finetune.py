@@ -9,7 +9,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification, set_seed
+from transformers import set_seed
 
 from distill.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
@@ -48,6 +48,8 @@ def chance(spec: TaskSpec, dev_labels=None) -> dict:
         ValueError: accuracy or F1 without dev labels (or with none in them): chance depends on their class balance.
     """
     metric = spec.metrics[0]
+    if spec.task_type != "sequence_classification":
+        return spec.type.chance(spec, dev_labels)
     if metric in ("matthews_corrcoef", "pearson", "spearmanr") or spec.is_regression:
         return {"metric": metric, "value": 0.0, "basis": "constant guess"}
     labels = None if dev_labels is None else np.asarray(dev_labels, dtype=np.int64)
@@ -122,7 +124,7 @@ def finetune_teacher(
     # Label names only for classification: an explicit id2label=None would reset num_labels (regression has one).
     names = {"id2label": dict(enumerate(spec.label_names)),
              "label2id": {name: i for i, name in enumerate(spec.label_names)}} if spec.label_names else {}
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = spec.type.model_class(spec).from_pretrained(
         resolve_model(config.base_model),
         num_labels=spec.num_labels,
         problem_type="regression" if spec.is_regression else "single_label_classification",
@@ -135,7 +137,7 @@ def finetune_teacher(
         dev = tokenize(data[next(iter(spec.dev_splits))], tokenizer, spec, task.max_seq_length)
         primary = spec.metrics[0]
         selection = Selection(lambda: evaluate(model, dev, tokenizer, spec, device=device)[primary], config.eval_steps)
-    state = train(objective, train_set, collator(tokenizer), config.train, stage_dir, run_id, "teacher fine-tuning",
+    state = train(objective, train_set, collator(tokenizer, spec), config.train, stage_dir, run_id, "teacher fine-tuning",
                   device=device, selection=selection)
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)

@@ -10,7 +10,6 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForMaskedLM,
-    AutoModelForSequenceClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -55,7 +54,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 
 
 def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) -> PreTrainedModel:
-    """A fine-tuned sequence classifier for ``spec``, frozen and in eval mode.
+    """A fine-tuned model with ``spec``'s head (its task type's, e.g. a sequence classifier), frozen and in eval mode.
 
     Args:
         name_or_path: hub name, folder, or alias.
@@ -70,9 +69,7 @@ def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) 
     """
     config = load_config(name_or_path)
     order = check_teacher_config(config, spec, name_or_path, remap_labels)
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        resolve_model(name_or_path), output_loading_info=True
-    )
+    model, info = spec.type.model_class(spec).from_pretrained(resolve_model(name_or_path), output_loading_info=True)
     if info["missing_keys"]:
         raise ModelError(
             f"teacher {name_or_path!r} lacks weights {sorted(info['missing_keys'])[:4]}: it is not fine-tuned. "
@@ -86,7 +83,7 @@ def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) 
 
 
 def check_teacher_config(config, spec: TaskSpec, name: str, remap_labels: bool = False) -> list[int] | None:
-    """Check a teacher's config before loading its weights: a sequence classifier with the task's labels.
+    """Check a teacher's config before loading its weights: a model with the task type's head and the task's labels.
 
     Returns:
         The label reordering to apply (see :func:`label_permutation`), or None.
@@ -95,10 +92,11 @@ def check_teacher_config(config, spec: TaskSpec, name: str, remap_labels: bool =
         ModelError: not a sequence classifier, another number of labels, or labels in another order.
     """
     architectures = config.architectures or []
-    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+    if not any(a.endswith(spec.type.architecture) for a in architectures):
         raise ModelError(
-            f"teacher {name!r} is not a fine-tuned sequence classifier (architectures: {architectures or 'none'}). "
-            "Give a checkpoint fine-tuned on the task, or omit --teacher to fine-tune one from teacher.base_model."
+            f"teacher {name!r} is not a fine-tuned {spec.type.description} (architectures: {architectures or 'none'}, "
+            f"expected ...{spec.type.architecture}). Give a checkpoint fine-tuned on the task, or omit --teacher to "
+            "fine-tune one from teacher.base_model."
         )
     if config.num_labels != spec.num_labels:
         raise ModelError(

@@ -1,0 +1,265 @@
+"""Task types: what a kind of task is, in one place that the rest of the code asks.
+
+A task (:class:`distill.data.TaskSpec`: SST-2, MRPC, WNUT-17, a user's files) has a task type that says how its data
+read and tokenise, which `transformers` head the teacher and the student carry, how a batch is padded, what the
+prediction step's loss is, how its outputs are scored and what a model that learnt nothing scores, what augmentation
+may change, and how the model card and ``pipeline()`` name it. The stages, the training loop and the objective never
+branch on the task: they call its type. A new head is one module here and its tests.
+
+Types: ``sequence_classification`` (classification and regression of one text or a pair: GLUE, a user's CSV/JSONL),
+``token_classification`` (one label per word: NER, with BIO tags).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
+
+    from distill.data import TaskSpec
+
+
+class TaskType:
+    """The interface of a task type (every method takes the task's :class:`~distill.data.TaskSpec` where it needs
+    it). Shapes: N examples, B batch, T tokens, C labels."""
+
+    name: str = ""
+    pipeline_tag: str = ""  # the hub's pipeline tag of the model card, and the pipeline() task name
+    architecture: str = ""  # the end of a checkpoint's architecture name with this head, e.g. ForTokenClassification
+    description: str = ""  # in words, for messages: "sequence classifier"
+
+    def model_class(self, spec: "TaskSpec") -> type:
+        """The ``transformers`` Auto class of the head (teacher and student)."""
+        raise NotImplementedError
+
+    def read_split(self, path, spec: "TaskSpec") -> "datasets.Dataset":
+        """One split from a local file in the task's layout (GLUE TSV, CoNLL, ...), columns ``spec.text_columns``
+        and ``label``."""
+        raise NotImplementedError
+
+    def user_spec(self, config) -> "TaskSpec":
+        """The spec of a task of the user's own files (``task.train_file``, ``dev_file``, ...) of this type."""
+        raise NotImplementedError
+
+    def tokenize(self, dataset: "datasets.Dataset", tokenizer: "PreTrainedTokenizerBase", spec: "TaskSpec",
+                 max_seq_length: int) -> "datasets.Dataset":
+        """Model inputs and ``labels``, unpadded."""
+        raise NotImplementedError
+
+    def collator(self, tokenizer: "PreTrainedTokenizerBase") -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+        """Pads tokenized examples (and cached ``teacher_logits``) into a batch."""
+        raise NotImplementedError
+
+    def compute_metrics(self, spec: "TaskSpec", outputs: Any, labels: Any) -> dict[str, float]:
+        """The task's metrics (``spec.metrics``) from the outputs :func:`distill.evaluate.predict` returns."""
+        raise NotImplementedError
+
+    def prediction_loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None,
+                        *, temperature: float, temperature_squared: bool, hard_label_weight: float,
+                        regression: bool) -> torch.Tensor:
+        """The prediction step's loss (TinyBERT Eq. 10 in the head's output space), a float32 scalar."""
+        raise NotImplementedError
+
+    def chance(self, spec: "TaskSpec", dev_labels: Any = None) -> dict:
+        """What a model that has learnt nothing (the best constant guess on the dev set) scores on
+        ``spec.metrics[0]``: {"metric", "value", "basis" (in words)} (see :func:`teachers.finetune.chance`)."""
+        raise NotImplementedError
+
+    def same_prediction(self, outputs: Any, reference: Any, spec: "TaskSpec") -> np.ndarray:
+        """(N,) bool: whether two models' outputs (ONNX and PyTorch, say) predict the same for each example."""
+        raise NotImplementedError
+
+    def recipe(self, spec: "TaskSpec") -> tuple[str, str] | None:
+        """The shipped config (a file of ``configs/``) that ``pipeline --task NAME`` runs for this task when the
+        default job's is not made for it, and what it is for in words; None: the default job's."""
+        return None
+
+    def card_task(self, spec: "TaskSpec") -> str:
+        """The model card's ``model-index`` task type (hub vocabulary)."""
+        return self.pipeline_tag
+
+    def usage(self, model: str) -> str:
+        """Python that runs the student through ``transformers.pipeline`` (the model card's "Use" section)."""
+        raise NotImplementedError
+
+    def replaceable_words(self, spec: "TaskSpec", replace_entities: bool = False) -> Callable[[dict], list[bool]] | None:
+        """For augmentation: which words of an example may be replaced (None: any the algorithm picks)."""
+        return None
+
+
+class SequenceClassification(TaskType):
+    """One label (or one score, for regression) per text or text pair: GLUE tasks and a user's CSV/TSV/JSONL."""
+
+    name = "sequence_classification"
+    pipeline_tag = "text-classification"
+    architecture = "ForSequenceClassification"
+    description = "sequence classifier"
+
+    def model_class(self, spec):
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification
+
+    def read_split(self, path, spec):
+        from distill.data import read_glue_tsv
+
+        return read_glue_tsv(path, spec)
+
+    def tokenize(self, dataset, tokenizer, spec, max_seq_length):
+        from distill.data import tokenize_texts
+
+        return tokenize_texts(dataset, tokenizer, spec, max_seq_length)
+
+    def collator(self, tokenizer):
+        from transformers import DataCollatorWithPadding
+
+        return DataCollatorWithPadding(tokenizer, return_tensors="pt")
+
+    def compute_metrics(self, spec, outputs, labels):
+        from distill.evaluate import sequence_metrics
+
+        return sequence_metrics(spec, np.asarray(outputs), np.asarray(labels))
+
+    def prediction_loss(self, student_logits, teacher_logits, labels, *, temperature, temperature_squared,
+                        hard_label_weight, regression):
+        from distill.losses import prediction_loss
+
+        return prediction_loss(student_logits, teacher_logits, temperature, temperature_squared, regression, labels,
+                               hard_label_weight)
+
+    def chance(self, spec, dev_labels=None):
+        from teachers.finetune import chance
+
+        return chance(spec, dev_labels)
+
+    def recipe(self, spec):
+        if len(spec.text_columns) == 2 or spec.is_regression:
+            return "pair_minilm.yaml", "the recipe for pair and regression tasks"
+        return None
+
+    def card_task(self, spec):
+        return "text-regression" if spec.is_regression else "text-classification"
+
+    def usage(self, model):
+        return (f'from transformers import pipeline\n\nclassify = pipeline("text-classification", model="{model}")\n'
+                'print(classify("a charming and often affecting journey"))')
+
+    def same_prediction(self, outputs, reference, spec):
+        if spec.is_regression:
+            return np.ones(len(outputs), dtype=bool)
+        return np.asarray(outputs).argmax(-1) == np.asarray(reference).argmax(-1)
+
+
+class TokenClassification(TaskType):
+    """One label per word (NER, slot filling, PoS) with BIO tags scored by seqeval at the entity level
+    (:mod:`distill.tasks.token_classification`)."""
+
+    name = "token_classification"
+    pipeline_tag = "token-classification"
+    architecture = "ForTokenClassification"
+    description = "token classifier"
+
+    def model_class(self, spec):
+        from transformers import AutoModelForTokenClassification
+
+        return AutoModelForTokenClassification
+
+    def read_split(self, path, spec):
+        from distill.tasks.token_classification import read_tagged_file
+
+        return read_tagged_file(path, spec)
+
+    def user_spec(self, config):
+        from distill.tasks.token_classification import user_spec
+
+        return user_spec(config)
+
+    def tokenize(self, dataset, tokenizer, spec, max_seq_length):
+        from distill.tasks.token_classification import tokenize_words
+
+        return tokenize_words(dataset, tokenizer, max_seq_length)
+
+    def collator(self, tokenizer):
+        from distill.tasks.token_classification import TokenCollator
+
+        return TokenCollator(tokenizer)
+
+    def compute_metrics(self, spec, outputs, labels):
+        from distill.tasks.token_classification import entity_metrics
+
+        metrics = entity_metrics(outputs, labels, spec.label_names)
+        return {name: metrics[name] for name in spec.metrics}
+
+    def prediction_loss(self, student_logits, teacher_logits, labels, *, temperature, temperature_squared,
+                        hard_label_weight, regression):
+        from distill.tasks.token_classification import IGNORE, token_soft_cross_entropy
+
+        if labels is None:
+            raise ValueError("token classification: the prediction loss needs the batch's labels (which word pieces "
+                             "are scored)")
+        loss = token_soft_cross_entropy(student_logits, teacher_logits, labels, temperature)
+        if temperature_squared:
+            loss = loss * temperature**2
+        if hard_label_weight > 0:
+            hard = torch.nn.functional.cross_entropy(student_logits.float().flatten(0, 1), labels.flatten(),
+                                                     ignore_index=IGNORE)
+            loss = loss + hard_label_weight * hard
+        return loss
+
+    def recipe(self, spec):
+        return "ner_minilm.yaml", "the recipe for token classification"
+
+    def chance(self, spec, dev_labels=None):
+        # The best constant guess tags every word O (the commonest tag): it finds no entity, so entity precision,
+        # recall and F1 are 0 (its word accuracy is the O rate, which is why accuracy is not the primary metric).
+        return {"metric": spec.metrics[0], "value": 0.0, "basis": "every word tagged O (no entity found)"}
+
+    def usage(self, model):
+        return (f'from transformers import pipeline\n\ntag = pipeline("token-classification", model="{model}", '
+                'aggregation_strategy="simple")\nprint(tag("Empire State Building is in New York"))')
+
+    def same_prediction(self, outputs, reference, spec):
+        return np.array([np.array_equal(np.asarray(a).argmax(-1), np.asarray(b).argmax(-1))
+                         for a, b in zip(outputs, reference)], dtype=bool)
+
+    def replaceable_words(self, spec, replace_entities=False):
+        if replace_entities:
+            return None  # any word the algorithm picks, its tag kept
+        from augment.tokens import only_tags
+
+        return only_tags(spec.label_names)  # words tagged O only: an entity is never rewritten
+
+
+TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (SequenceClassification(), TokenClassification())}
+
+
+def get_task_type(name: str) -> TaskType:
+    """The task type called ``name``.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name not in TASK_TYPES:
+        raise ValueError(f"unknown task type {name!r}; use {', '.join(TASK_TYPES)}")
+    return TASK_TYPES[name]
+
+
+def load_head_model(folder, **kwargs):
+    """A saved checkpoint with the head it was saved with (sequence or token classifier, ...), read from its config's
+    ``architectures`` against each task type's :attr:`TaskType.architecture`; a checkpoint naming none of them loads
+    as a sequence classifier, as before task types existed.
+
+    Raises:
+        OSError: ``folder`` holds no checkpoint (as ``from_pretrained`` raises it).
+    """
+    from transformers import AutoConfig
+
+    architectures = AutoConfig.from_pretrained(folder).architectures or []
+    kind = next((t for t in TASK_TYPES.values() if any(a.endswith(t.architecture) for a in architectures)),
+                TASK_TYPES["sequence_classification"])
+    return kind.model_class(None).from_pretrained(folder, **kwargs)

@@ -1,0 +1,216 @@
+"""Token classification as a task type: CoNLL reading, label alignment to word pieces, the per-token prediction loss,
+seqeval's entity metrics, padding, per-token logits, and the whole pipeline on a tiny NER teacher."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from transformers import BertForTokenClassification
+
+from distill.config import TaskConfig, load_config
+from distill.data import DataError, TASKS, load_task_data, task_spec, tokenize
+from distill.evaluate import predict
+from distill.tasks import get_task_type
+from distill.tasks.token_classification import (
+    IGNORE,
+    TokenCollator,
+    align_labels,
+    entity_metrics,
+    read_conll,
+    token_soft_cross_entropy,
+)
+from tests.conftest import tiny_bert_config
+
+TAGS = ("O", "B-person", "I-person", "B-location", "I-location")
+SENTENCES = [  # words from the tiny vocabulary of conftest; "wonderful" is two pieces, "terrible" two
+    (["the", "actor", "was", "wonderful"], ["O", "B-person", "O", "O"]),
+    (["a", "movie", "film", "is", "terrible"], ["O", "B-location", "I-location", "O", "O"]),
+    (["the", "cast", "and", "the", "actor"], ["O", "B-person", "O", "O", "B-person"]),
+    (["it", "is", "a", "fun", "story", "!"], ["O", "O", "O", "O", "O", "O"]),
+]
+
+
+def write_conll(path: Path, sentences=SENTENCES, separator: str = "\n") -> Path:
+    path.write_text("".join("".join(f"{w}\t{t}\n" for w, t in zip(words, tags)) + separator
+                            for words, tags in sentences), encoding="utf-8")
+    return path
+
+
+def tiny_ner_teacher(seed: int = 0) -> BertForTokenClassification:
+    torch.manual_seed(seed)
+    config = tiny_bert_config(num_labels=len(TAGS), id2label=dict(enumerate(TAGS)),
+                              label2id={t: i for i, t in enumerate(TAGS)})
+    return BertForTokenClassification(config).eval()
+
+
+def test_conll_sentences_split_on_blank_and_tab_only_lines_and_tags_map_to_ids(tmp_path):
+    path = tmp_path / "train.conll"
+    text = "-DOCSTART-\tO\n\nthe\tO\nactor\tB-person\n\t\nwonderful\tO\n \n\na\tO\nmovie\tB-location\n"
+    path.write_text(text, encoding="utf-8")  # WNUT-17 separates some sentences by a line holding only a tab
+    data = read_conll(path, TAGS)
+    assert data["tokens"] == [["the", "actor"], ["wonderful"], ["a", "movie"]]
+    assert data["label"] == [[0, 1], [0], [0, 3]]
+
+
+def test_conll_errors_name_the_file_line_and_tag(tmp_path):
+    bad = tmp_path / "bad.conll"
+    bad.write_text("the\tO\nactor\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad.conll, line 2: 'actor' has no tag"):
+        read_conll(bad, TAGS)
+    typo = write_conll(tmp_path / "typo.conll", [(["the", "actor"], ["O", "B-persn"])])
+    with pytest.raises(DataError, match=r"\['B-persn'\] are not among the task's labels"):
+        read_conll(typo, TAGS)
+
+
+def test_the_first_piece_of_a_word_carries_its_label_and_the_rest_are_not_scored(tiny_tokenizer):
+    assert align_labels([None, 0, 1, 1, 2, None], [5, 6, 7]) == [IGNORE, 5, 6, IGNORE, 7, IGNORE]
+    spec = TaskSpecFor()
+    encoded = tokenize(_dataset(), tiny_tokenizer, spec, 32)
+    pieces = tiny_tokenizer.convert_ids_to_tokens(encoded[0]["input_ids"])
+    assert pieces == ["[CLS]", "the", "actor", "was", "wonder", "##ful", "[SEP]"]
+    assert encoded[0]["labels"] == [IGNORE, 0, 1, 0, 0, IGNORE, IGNORE]
+
+
+def test_words_past_the_length_limit_are_counted_and_not_scored(tiny_tokenizer, caplog):
+    encoded = tokenize(_dataset(), tiny_tokenizer, TaskSpecFor(), 5)
+    assert encoded[1]["labels"] == [IGNORE, 0, 3, 4, IGNORE]  # [CLS] a movie film [SEP]: "is terrible" cut
+    assert "8 words of 4 sentences fell past task.max_seq_length=5" in caplog.text
+
+
+def test_the_token_loss_averages_over_scored_pieces_and_ignores_the_rest():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
+    labels = torch.tensor([[IGNORE, 1, 0, IGNORE], [IGNORE, 2, IGNORE, IGNORE]])
+    scored = [(0, 1), (0, 2), (1, 1)]
+    by_hand = sum(-(torch.softmax(teacher[b, t] / 2, -1) * torch.log_softmax(student[b, t] / 2, -1)).sum()
+                  for b, t in scored) / len(scored)
+    loss = token_soft_cross_entropy(student, teacher, labels, temperature=2.0)
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-6)
+    moved = student.clone()
+    moved[labels == IGNORE] += 100.0  # padding, [CLS]/[SEP] and continuations do not count
+    assert token_soft_cross_entropy(moved, teacher, labels, 2.0).item() == pytest.approx(loss.item(), rel=1e-6)
+    kind = get_task_type("token_classification")
+    with_hard = kind.prediction_loss(student, teacher, labels, temperature=2.0, temperature_squared=True,
+                                     hard_label_weight=0.5, regression=False)
+    hard = torch.nn.functional.cross_entropy(student[[0, 0, 1], [1, 2, 1]], torch.tensor([1, 0, 2]))
+    assert with_hard.item() == pytest.approx(4 * loss.item() + 0.5 * hard.item(), rel=1e-5)
+
+
+def test_entity_metrics_are_seqevals_strict_iob2_scores():
+    # Gold: one person (words 1-2) and one location (word 4). The prediction finds the person with a wrong end and
+    # the location right: 1 of 2 entities found exactly, 1 of 2 predicted entities right.
+    gold = np.array([IGNORE, 1, 2, 0, 3, IGNORE])
+    predicted = np.array([0, 1, 0, 0, 3, 0])
+    logits = np.eye(len(TAGS))[predicted]
+    metrics = entity_metrics([logits], [gold], TAGS)
+    assert metrics == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "accuracy": 0.75})
+    # Strict IOB2: an entity that starts with I- is not an entity, so tagging everything O scores 0 (chance).
+    orphan = np.eye(len(TAGS))[[0, 2, 2, 0, 0, 0]]
+    assert entity_metrics([orphan], [gold], TAGS)["f1"] == 0.0
+    assert get_task_type("token_classification").chance(TASKS["wnut_17"])["value"] == 0.0
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_collator_pads_labels_and_teacher_logits_on_the_tokenizers_side(tiny_tokenizer, side):
+    tiny_tokenizer.padding_side = side
+    features = [{"input_ids": [2, 5, 3], "attention_mask": [1, 1, 1], "labels": [IGNORE, 1, IGNORE],
+                 "teacher_logits": [[1.0, 2.0]] * 3},
+                {"input_ids": [2, 3], "attention_mask": [1, 1], "labels": [IGNORE, IGNORE],
+                 "teacher_logits": [[3.0, 4.0]] * 2}]
+    batch = TokenCollator(tiny_tokenizer)(features)
+    assert batch["labels"].tolist() == [[IGNORE, 1, IGNORE], [IGNORE, IGNORE, IGNORE]]
+    short = batch["teacher_logits"][1]
+    assert short.tolist() == ([[3.0, 4.0]] * 2 + [[0.0, 0.0]] if side == "right" else [[0.0, 0.0]] + [[3.0, 4.0]] * 2)
+    assert batch["attention_mask"][1].tolist() == ([1, 1, 0] if side == "right" else [0, 1, 1])
+
+
+def test_predict_gives_one_row_per_real_token_in_dataset_order(tiny_tokenizer):
+    model = tiny_ner_teacher()
+    encoded = tokenize(_dataset(), tiny_tokenizer, TaskSpecFor(), 32)
+    logits = predict(model, encoded, tiny_tokenizer, device="cpu", batch_size=3)
+    assert [row.shape for row in logits] == [(len(ids), len(TAGS)) for ids in encoded["input_ids"]]
+    alone = model(input_ids=torch.tensor([encoded[1]["input_ids"]])).logits[0].detach().numpy()
+    np.testing.assert_allclose(logits[1], alone, atol=1e-5)
+
+
+def test_wnut17_reads_the_shared_conll_files_and_the_hub_layout(monkeypatch):
+    import datasets
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "ner" / "wnut17"
+    if folder.is_dir():
+        data = load_task_data(TaskConfig(name="wnut_17", data_dir=str(folder)))
+        assert (len(data["train"]), len(data["dev"])) == (3394, 1009)
+        assert data["train"][0]["tokens"][:3] == ["@paulwalk", "It", "'s"]
+
+    def fake_load_dataset(name):
+        assert name == "wnut_17"
+        split = datasets.Dataset.from_dict({"id": ["0"], "tokens": [["Empire", "State"]], "ner_tags": [[7, 8]]})
+        return datasets.DatasetDict(train=split, validation=split, test=split)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("distill.hub.hub_unreachable", lambda *args, **kwargs: None)
+    hub = load_task_data(TaskConfig(name="wnut_17", source="hub"))
+    assert hub["dev"].column_names == ["tokens", "label"] and hub["dev"][0]["label"] == [7, 8]
+
+
+def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, tiny_tokenizer):
+    """The whole job on a tiny NER teacher and CoNLL files: every stage, a student with the teacher's head whose
+    saved checkpoint runs in pipeline("token-classification"), a card with the right pipeline tag, ONNX files that
+    agree with PyTorch per token."""
+    from transformers import pipeline as hf_pipeline
+
+    from distill.pipeline import run_pipeline
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_conll(data / "train.conll", SENTENCES * 4)
+    write_conll(data / "dev.conll", SENTENCES)
+    teacher = tmp_path / "teacher_model"
+    tiny_ner_teacher().save_pretrained(teacher)
+    tiny_tokenizer.save_pretrained(teacher)
+    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
+    config = {"output_dir": str(tmp_path / "run"),
+              "task": {"name": "ner", "task_type": "token_classification", "train_file": str(data / "train.conll"),
+                       "dev_file": str(data / "dev.conll"), "label_names": list(TAGS), "max_seq_length": 32},
+              "teacher": {"model": str(teacher), "min_dev_metric": -1.0},
+              "augment": {"enabled": False},
+              "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                          "num_attention_heads": 4, "init": "teacher"},
+              "distill": {"intermediate": steps, "prediction": steps},
+              "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
+              "general": {"enabled": False}, "export": {"onnx": True, "int8": False}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    report = run_pipeline(load_config(str(path)))
+    out = tmp_path / "run"
+    assert set(report["models"]["student"]["dev"]) == {"f1", "precision", "recall", "accuracy"}
+    student = out / "student"
+    assert json.loads((student / "config.json").read_text())["architectures"] == ["BertForTokenClassification"]
+    cached = json.loads((out / "teacher_logits" / "stage.json").read_text())
+    assert cached["num_rows"] == 16
+    tag = hf_pipeline("token-classification", model=str(student), aggregation_strategy="simple")
+    found = tag("the actor was wonderful")
+    assert isinstance(found, list) and all({"entity_group", "word", "start", "end"} <= set(e) for e in found)
+    card = (student / "README.md").read_text()
+    assert "pipeline_tag: token-classification" in card and 'pipeline("token-classification"' in card
+    export = json.loads((student / "onnx" / "export.json").read_text())
+    assert export["files"]["model.onnx"]["same_prediction"] == 1.0
+    assert export["files"]["model.onnx"]["max_abs_logit_difference"] < 1e-3
+
+
+def TaskSpecFor():
+    return task_spec(TaskConfig(name="ner", task_type="token_classification", train_file="unused.conll",
+                                dev_file="unused.conll", label_names=list(TAGS)))
+
+
+def _dataset():
+    import datasets
+
+    ids = {t: i for i, t in enumerate(TAGS)}
+    return datasets.Dataset.from_dict({"tokens": [w for w, _ in SENTENCES],
+                                       "label": [[ids[t] for t in tags] for _, tags in SENTENCES]})
