@@ -2,10 +2,12 @@
 
 The public API, for distilling from Python instead of the command line (see the README's quick start):
 
-- models: :func:`build_student` (a student shaped from the teacher's config), :class:`StudentConfig`;
+- models: :func:`resolve_model` (``"minilm"``: the MiniLM-L6 encoder installed with the package, else the name as
+  given), :func:`build_student` (a student shaped from the teacher's config), :class:`StudentConfig`;
 - data: :func:`get_task`, :func:`load_task_data`, :func:`tokenize`, :func:`collator`, :class:`TaskConfig`;
-- distillation: :func:`build_layer_map`, :class:`DistillationObjective`, :func:`train`, :class:`TrainConfig`,
-  :data:`LOSS_TERMS`;
+- training: :func:`train` (the one loop of every stage), :class:`TrainConfig`, :class:`ModelLossObjective`
+  (fine-tuning a teacher on its own loss);
+- distillation: :func:`build_layer_map`, :class:`DistillationObjective`, :data:`LOSS_TERMS`;
 - evaluation and devices: :func:`evaluate_task`, :func:`run_device`;
 - the whole job: :func:`load_config`, :func:`run_pipeline`, :func:`run_seeds` (one run per seed, mean and spread).
 
@@ -29,6 +31,7 @@ _API = {
     "load_task_data": "distill.data", "tokenize": "distill.data", "collator": "distill.data",
     "build_layer_map": "distill.layer_map", "DistillationObjective": "distill.objective", "train": "distill.trainer",
     "LOSS_TERMS": "distill.terms", "evaluate_task": "distill.evaluate", "run_device": "distill.device",
+    "ModelLossObjective": "distill.objective", "resolve_model": "teachers.models",
     "run_pipeline": "distill.pipeline", "run_seeds": "distill.seeds",
 }
 __all__ = sorted(_API)

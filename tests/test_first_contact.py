@@ -147,7 +147,8 @@ def test_dir_and_help_list_the_api():
 
     import distill
 
-    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 17
+    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 19
+    assert {"resolve_model", "ModelLossObjective", "run_pipeline"} <= set(dir(distill))
     text = pydoc.render_doc(distill, renderer=pydoc.plaintext)
     functions = text.split("FUNCTIONS", 1)[1]
     for name in ("run_pipeline(", "load_config(", "build_student(", "train(", "evaluate_task("):
