@@ -282,7 +282,7 @@ class DataSource:
 
     def describe(self) -> str:
         """One line, e.g. "bundled sample (.../assets/sst2): 10000 train, first 32 of 872 dev examples"."""
-        where = {"bundled": "bundled sample", "local": "local GLUE-format folder", "hub": "the hub",
+        where = {"bundled": "bundled sample", "local": "local data folder", "hub": "the hub",
                  "files": "your files"}[self.kind]
         return f"{where} ({self.location}): {', '.join(map(self.split_size, self.num_examples))} examples"
 

@@ -40,7 +40,7 @@ def test_the_student_folder_has_a_card_the_hub_reads_back_with_its_metrics(finis
     text = card.text
     assert "| teacher (" in text and "| student |" in text  # the report table
     assert "layer map (student 0..M -> teacher): [0, 1, 2]" in text and "general distillation start" in text
-    assert "Data: local GLUE-format folder (" in text and "): 12 train, 6 dev examples." in text
+    assert "Data: local data folder (" in text and "): 12 train, 6 dev examples." in text
     assert "python run_distill.py pipeline --config job.yaml" in text
     assert "`onnx/model.onnx`" in text and "`onnx/model_quantized.onnx`" in text
 

@@ -94,7 +94,7 @@ def test_a_rerun_reuses_the_timing_of_the_same_models_and_says_so(tmp_path, tiny
     first = json.loads((out / "report.json").read_text())
     assert first["student"]["timing"]["reused"] is False
     text = (out / "report.md").read_text()
-    assert text.startswith(f"# Report: sst2\n\n- task: sst2\n- data: local GLUE-format folder ({folder}): 12 train, "
+    assert text.startswith(f"# Report: sst2\n\n- task: sst2\n- data: local data folder ({folder}): 12 train, "
                            f"6 dev examples\n- config: {out / 'config.json'}\n")
     assert run_distill.main(args) == 0
     again = json.loads((out / "report.json").read_text())
