@@ -94,9 +94,9 @@ def check_teacher_config(config, spec: TaskSpec, name: str, remap_labels: bool =
     architectures = config.architectures or []
     if not any(a.endswith(spec.type.architecture) for a in architectures):
         raise ModelError(
-            f"teacher {name!r} is not a fine-tuned {spec.type.description} (architectures: {architectures or 'none'}, "
-            f"expected ...{spec.type.architecture}). Give a checkpoint fine-tuned on the task, or omit --teacher to "
-            "fine-tune one from teacher.base_model."
+            f"teacher {name!r} is not a fine-tuned {spec.type.description} (architectures: {architectures or 'none'}). "
+            f"Give a ...{spec.type.architecture} checkpoint fine-tuned on the task, or omit --teacher to fine-tune "
+            "one from teacher.base_model."
         )
     if config.num_labels != spec.num_labels:
         raise ModelError(
