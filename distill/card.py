@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 TAGS = ["distillation", "knowledge-distillation", "tinybert", "tinydistill"]
 # Files of a stage folder that are the run's working state, not the model: not uploaded.
-NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", "stage.json", "started.json", "log.jsonl", "best/*"]
+NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", "stage.json", "started.json", "log.jsonl", "best/*", "run.log"]
 
 
 def hub_id(name: str | None) -> str | None:
@@ -147,10 +147,11 @@ def _table(rows: list[dict], metric_names: list[str], chance: dict | None = None
               *[f"latency {k.replace('_', ' ')} (ms{', p10-p90' if spread else ''})" for k in keys],
               "faster by", "retained"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    # No retained share when the teacher (first row) or that student scores about what a constant guess does.
     reference = chance_note("teacher", rows[0]["dev"], chance) if len(rows) > 1 else None
-    for row in rows:
+    for i, row in enumerate(rows):
         latency = row.get("latency_ms", {})
-        note = (reference or chance_note("student", row["dev"], chance)) if len(rows) > 1 else None
+        note = (reference or (chance_note("student", row["dev"], chance) if i else None)) if len(rows) > 1 else None
         faster = row.get("faster_by_range")
         cells = [row["name"], *[f"{row['dev'][m]:.4f}" if m in row["dev"] else "-" for m in metric_names],
                  f"{row['num_parameters'] / 1e6:.1f}M" if row.get("num_parameters") else "-",
