@@ -94,6 +94,9 @@ def run_augment(
         raise ConfigError("mlm.model: augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; an encoder "
                           "without an MLM head gets one with `run_distill.py adapt-mlm`)")
     data, columns, identity = _input(config, source, text_columns, split)
+    if source is None and replaceable is None:  # the task's own rule, as the pipeline's augmentation stage has it
+        spec = task_spec(config.task)
+        replaceable = spec.type.replaceable_words(spec, config.augment.replace_entities)
     require_columns(data, columns, source or config.task.name)
     not_text = [c for c in columns if not _is_text(data.features[c]) and not is_word_list_feature(data.features[c])]
     if not_text:

@@ -26,6 +26,11 @@ TAGS = ["distillation", "knowledge-distillation", "tinybert", "tinydistill"]
 NOT_UPLOADED = ["checkpoints/*", "tensorboard/*", "stage.json", "started.json", "log.jsonl", "best/*", "run.log"]
 
 
+def hub_dataset_id(spec) -> str:
+    """The hub id of a named task's data set: GLUE's for its tasks (``nyu-mll/glue``), else the task's own."""
+    return "nyu-mll/glue" if spec.hub[0] == "glue" else spec.hub[0]
+
+
 def hub_id(name: str | None) -> str | None:
     """The hub id of a model name: installed assets map to theirs, a local folder has none, a hub name is itself."""
     if name is None:
@@ -120,8 +125,8 @@ def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResu
     if on_hub:
         used, available = data["num_examples"]["dev"], data["num_available"]["dev"]
         subset = used < available
-        hub = {"dataset_type": "nyu-mll/glue", "dataset_config": spec.name} if spec.hub[0] == "glue" else {
-            "dataset_type": spec.hub[0]}
+        hub = {"dataset_type": hub_dataset_id(spec),
+               **({"dataset_config": spec.name} if spec.hub[0] == "glue" else {})}
         names = {**hub,
                  "dataset_split": spec.hub_dev_split + (f"[:{used}]" if subset else ""),
                  "dataset_name": f"{spec.name} (dev" + (f", first {used} of {available} examples)" if subset else ")")}
@@ -190,7 +195,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
     on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
     card_data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
                               pipeline_tag=spec.type.pipeline_tag, base_model=hub_id(teacher),
-                              datasets=["nyu-mll/glue"] if on_hub else None, model_name=name,
+                              datasets=[hub_dataset_id(spec)] if on_hub else None, model_name=name,
                               eval_results=_eval_results(spec, student["dev"], data))
     metric_names = list(student["dev"])
     sections = [

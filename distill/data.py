@@ -97,7 +97,8 @@ TASKS: dict[str, TaskSpec] = {
     "wnli": _glue("wnli", ["sentence1", "sentence2"], "label", ["not_entailment", "entailment"]),
 }
 
-GLUE_TASKS = tuple(TASKS)  # the GLUE tasks' names (TASKS also holds other named tasks)
+GLUE_TASKS = tuple(TASKS)
+SEQUENCE_METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr")  # the GLUE tasks' names (TASKS also holds other named tasks)
 
 # Token classification (NER) with the hub's data set names and tag order; local copies are CoNLL files (a word and
 # its tag a line, a blank line between sentences). Entity F1 (seqeval, strict IOB2) first: a model that tags every
@@ -154,6 +155,10 @@ def task_spec(config: TaskConfig) -> TaskSpec:
         label_names = tuple(config.label_names or _label_values(config))
     metrics = tuple(config.metrics or (("pearson", "spearmanr") if config.regression else
                                        ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)))
+    other = [m for m in metrics if m not in SEQUENCE_METRICS]
+    if other:
+        raise DataError(f"task.metrics: {other} score token classification; a sequence task takes "
+                        f"{', '.join(SEQUENCE_METRICS)}")
     return TaskSpec(config.name, tuple(config.text_columns), config.label_column, label_names, metrics, hub=None,
                     dev_file=config.dev_file or "", train_file=config.train_file)
 
@@ -324,8 +329,8 @@ def load_task_data_with_source(config: TaskConfig, spec: TaskSpec | None = None
                 raise DataError("task.source is 'local' but task.data_dir is not set; pass --data-dir")
             folder = Path(config.data_dir) if source == "local" else ASSETS / spec.name
             if not folder.is_dir():
-                raise DataError(f"data folder {folder} does not exist; give a GLUE-format folder with "
-                                f"{spec.train_file} and {spec.dev_file}")
+                raise DataError(f"data folder {folder} does not exist; give a folder with {spec.train_file} and "
+                                f"{spec.dev_file}")
             files = {"train": spec.train_file, "dev": spec.dev_file,
                      **{f"dev_{suffix}": file for suffix, file, _ in spec.extra_dev}}
             data = datasets.DatasetDict({split: spec.type.read_split(folder / file, spec)
@@ -347,7 +352,7 @@ def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     (:mod:`distill.hub`), not after the loader's half a minute of retries."""
     from distill.hub import hub_unreachable, offline_mode
 
-    local = f"no local data (--data-dir DIR with GLUE's {spec.train_file} and {spec.dev_file})"
+    local = f"no local data (--data-dir DIR with {spec.train_file} and {spec.dev_file})"
     if not offline_mode() and (reason := hub_unreachable()) is not None:
         raise DataError(f"task {spec.name}: {local} and the hub is unreachable ({reason}); pass --data-dir, or set "
                         "HF_HUB_OFFLINE=1 to use a copy in the datasets cache")
@@ -356,6 +361,9 @@ def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     except ConnectionError as error:  # offline with nothing cached, or the hub went away
         why = "HF_HUB_OFFLINE is set and the datasets cache holds no copy" if offline_mode() else "the hub gave none"
         raise DataError(f"task {spec.name}: {local}, and {why} ({error}); pass --data-dir") from None
+    except (RuntimeError, ValueError, FileNotFoundError) as error:  # e.g. a script data set newer datasets refuse
+        raise DataError(f"task {spec.name}: {local}, and datasets could not load {'/'.join(spec.hub)} from the hub "
+                        f"({' '.join(str(error).split())[:200]}); download its files and pass --data-dir") from None
     label = "label" if spec.task_type == "sequence_classification" else spec.label_column  # GLUE's is "label"
     splits = {"train": "train", "dev": spec.hub_dev_split,
               **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}

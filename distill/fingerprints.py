@@ -87,9 +87,9 @@ def content_or_name(value: Any, names: list[str] | None = None) -> Any:
 
 
 def task_data_files(task: Any) -> list[str] | None:
-    """The files of ``task.data_dir`` that the task reads (train, dev and any extra dev file of its GLUE layout), so
-    that an unrelated file there (GLUE's test.tsv) does not enter run ids; None for a task that does not read a data
-    folder (its own ``train_file``/``dev_file``, the bundled sample, the hub).
+    """The files of ``task.data_dir`` that the task reads (train, dev and any extra dev file of its layout), so that
+    an unrelated file there (GLUE's test.tsv) does not enter run ids; None when the task does not read the folder (its
+    own ``train_file``/``dev_file``, the hub): the folder then stays out of run ids.
 
     Args:
         task: the ``task`` config section (:class:`distill.config.TaskConfig`, or a view of it).
@@ -102,3 +102,21 @@ def task_data_files(task: Any) -> list[str] | None:
     if spec is None:
         return None
     return [spec.train_file, spec.dev_file, *(file for _, file, _ in spec.extra_dev)]
+
+
+def data_folder_content(task: Any) -> Any:
+    """``task.data_dir`` as it enters run ids: ``sha256:<digest>`` of the files the task reads there, or the value as
+    it is when the task does not read the folder or it does not exist (the data loader reports a missing folder).
+
+    Raises:
+        DataError: a file the task reads is missing from the folder (naming it).
+    """
+    names = task_data_files(task)
+    if names is None or not is_local(task.data_dir):
+        return task.data_dir
+    try:
+        return content_or_name(task.data_dir, names)
+    except FileNotFoundError as error:
+        from distill.data import DataError
+
+        raise DataError(f"task {task.name}: {error}; the data folder needs {', '.join(names)}") from None

@@ -348,7 +348,10 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
         _start("teacher logits (cached for the prediction step)", folder)
         logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
         rows = [row.tolist() for row in logits] if isinstance(logits, list) else logits.tolist()
-        datasets.Dataset.from_dict({"teacher_logits": rows}).save_to_disk(str(folder / "data"))
+        value = datasets.Value("float32")  # the logits' own dtype: the same numbers in half the space of float64
+        feature = datasets.Sequence(datasets.Sequence(value) if isinstance(logits, list) else value)
+        datasets.Dataset.from_dict({"teacher_logits": rows}, features=datasets.Features({"teacher_logits": feature})
+                                   ).save_to_disk(str(folder / "data"))
         mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
     cached = datasets.load_from_disk(str(folder / "data"))
     if len(cached) != len(train_set):
@@ -602,6 +605,8 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
                     STAGES["teacher_logits"].run_id(config, {"teacher": teacher_id, "augmented": data_id}))
     add("student", out / "student", STAGES["student"].run_id(
         config, {"student_intermediate": step1_id, "teacher_logits": logits_id}))
+    if rows[-1]["action"] == "reuse" and rows[-2]["action"] != "reuse":  # only the prediction step reads the cache
+        rows[-2].update(action="skip", why="the student is finished; the teacher logits are not needed")
     add("report", None, None)
     add("export", None, None, None if config.export.onnx else "export.onnx is false")
     return rows

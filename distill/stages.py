@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distill.config import fingerprint, to_dict
-from distill.fingerprints import content_or_name, task_data_files
+from distill.fingerprints import content_or_name, data_folder_content
 from distill.terms import terms_of
 
 # Fields any stage may read that do not change its output.
@@ -86,10 +86,11 @@ def _with_contents(values: dict[str, Any], config: Any) -> None:
             parent, key = parent.get(key) if isinstance(parent, dict) else None, part
         if not isinstance(parent, dict) or key not in parent:
             continue
-        names = task_data_files(_lookup(config, "task")) if field_path == "task.data_dir" else None
         value = parent[key]
-        parent[key] = ([content_or_name(v) for v in value] if isinstance(value, list)
-                       else content_or_name(value, names))
+        if field_path == "task.data_dir":
+            parent[key] = data_folder_content(_lookup(config, "task"))
+        else:
+            parent[key] = [content_or_name(v) for v in value] if isinstance(value, list) else content_or_name(value)
 
 
 def _lookup(node: Any, path: str) -> Any:

@@ -76,6 +76,19 @@ def test_the_first_piece_of_a_word_carries_its_label_and_the_rest_are_not_scored
     assert encoded[0]["labels"] == [IGNORE, 0, 1, 0, 0, IGNORE, IGNORE]
 
 
+def test_a_byte_level_tokenizer_gets_the_pieces_of_running_text(tiny_roberta_tokenizer):
+    """RoBERTa-style tokenizers need a leading space on every pre-split word (add_prefix_space), else "movie" after
+    another word is tokenized as if it began the text."""
+    import datasets
+
+    data = datasets.Dataset.from_dict({"tokens": [["the", "movie", "was", "good"]], "label": [[0, 1, 0, 0]]})
+    encoded = tokenize(data, tiny_roberta_tokenizer, TaskSpecFor(), 32)
+    pieces = tiny_roberta_tokenizer.convert_ids_to_tokens(encoded[0]["input_ids"])
+    running = tiny_roberta_tokenizer.convert_ids_to_tokens(tiny_roberta_tokenizer(" the movie was good")["input_ids"])
+    assert pieces == running and "Ġmovie" in pieces
+    assert [label for label in encoded[0]["labels"] if label != IGNORE] == [0, 1, 0, 0]
+
+
 def test_words_past_the_length_limit_are_counted_and_not_scored(tiny_tokenizer, caplog):
     encoded = tokenize(_dataset(), tiny_tokenizer, TaskSpecFor(), 5)
     assert encoded[1]["labels"] == [IGNORE, 0, 3, 4, IGNORE]  # [CLS] a movie film [SEP]: "is terrible" cut
@@ -214,3 +227,15 @@ def _dataset():
     ids = {t: i for i, t in enumerate(TAGS)}
     return datasets.Dataset.from_dict({"tokens": [w for w, _ in SENTENCES],
                                        "label": [[ids[t] for t in tags] for _, tags in SENTENCES]})
+
+
+def test_tags_that_are_not_bio_and_word_accuracy_first_are_refused(tmp_path):
+    pos = write_conll(tmp_path / "pos.conll", [(["the", "movie"], ["DT", "NN"])])
+    with pytest.raises(DataError, match=r"not BIO tags"):
+        task_spec(TaskConfig(name="pos", task_type="token_classification", train_file=str(pos), dev_file=str(pos)))
+    ner = write_conll(tmp_path / "ner.conll")
+    with pytest.raises(DataError, match=r"entity metric first"):
+        task_spec(TaskConfig(name="ner", task_type="token_classification", train_file=str(ner), dev_file=str(ner),
+                             metrics=["accuracy", "f1"]))
+    spec = task_spec(TaskConfig(name="ner", task_type="token_classification", train_file=str(ner), dev_file=str(ner)))
+    assert spec.label_names == ("O", "B-location", "I-location", "B-person") and spec.metrics[0] == "f1"

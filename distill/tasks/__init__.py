@@ -207,7 +207,8 @@ class TokenClassification(TaskType):
             loss = loss * temperature**2
         if hard_label_weight > 0:
             hard = torch.nn.functional.cross_entropy(student_logits.float().flatten(0, 1), labels.flatten(),
-                                                     ignore_index=IGNORE)
+                                                     ignore_index=IGNORE, reduction="sum")
+            hard = hard / (labels != IGNORE).sum().clamp(min=1)  # 0, not NaN, on a batch with no scored token
             loss = loss + hard_label_weight * hard
         return loss
 

@@ -114,8 +114,14 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
         raise DataError(f"token classification needs a fast tokenizer (word_ids); {type(tokenizer).__name__} is not "
                         "one: load the model's tokenizer with use_fast=True")
 
+    # A byte-level BPE tokenizer (RoBERTa, GPT-2) made without add_prefix_space reads each pre-split word as if it
+    # began the text ("movie" -> "mo", "vie"); words in running text carry a leading space ("Ġmovie"). Giving every
+    # word its space makes the pieces those of running text, as add_prefix_space=True would.
+    spaced = getattr(tokenizer, "add_prefix_space", None) is False
+
     def encode(batch: dict) -> dict:
-        encoded = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_seq_length)
+        words = [[" " + w for w in sentence] for sentence in batch["tokens"]] if spaced else batch["tokens"]
+        encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_seq_length)
         labels, cut = [], []
         for i, tags in enumerate(batch["label"]):
             word_ids = encoded.word_ids(i)
@@ -289,6 +295,13 @@ def user_spec(config):
         logger.info("task %s: tags %s (from %s; set task.label_names to fix their order)", config.name,
                     list(label_names), config.train_file)
     metrics = tuple(config.metrics or NER_METRICS)
+    if not set(metrics) <= set(NER_METRICS) or metrics[0] == "accuracy":
+        raise DataError(f"task.metrics: token classification scores {', '.join(NER_METRICS)}, with an entity metric "
+                        f"first (a model that tags every word O has a high word accuracy); got {list(metrics)}")
+    not_bio = [tag for tag in label_names if tag != "O" and tag[:2] not in ("B-", "I-")]
+    if not_bio:
+        raise DataError(f"task {config.name}: tag(s) {not_bio[:5]} are not BIO tags (O, B-type, I-type), which "
+                        "entity-level scoring needs; convert the files to BIO")
     return TaskSpec(config.name, ("tokens",), config.label_column, label_names, metrics, hub=None,
                     tsv_columns={column: "tokens"}, dev_file=config.dev_file, train_file=config.train_file,
                     task_type="token_classification")
