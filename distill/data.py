@@ -50,6 +50,7 @@ class TaskSpec:
     extra_dev: tuple[tuple[str, str, str], ...] = ()
     train_file: str = "train.tsv"
     task_type: str = "sequence_classification"  # a name of distill.tasks.TASK_TYPES: how the task reads, trains, scores
+    hub_label_column: str = "label"  # the label column of the hub's copy (GLUE: label; NER data sets: ner_tags)
 
     @property
     def type(self):
@@ -108,10 +109,12 @@ TASKS.update({
     "wnut_17": TaskSpec("wnut_17", ("tokens",), "ner_tags", (
         "O", "B-corporation", "I-corporation", "B-creative-work", "I-creative-work", "B-group", "I-group",
         "B-location", "I-location", "B-person", "I-person", "B-product", "I-product"), NER_METRICS, ("wnut_17",),
-        train_file="train.conll", dev_file="dev.conll", task_type="token_classification"),
+        train_file="train.conll", dev_file="dev.conll", task_type="token_classification",
+        hub_label_column="ner_tags"),
     "conll2003": TaskSpec("conll2003", ("tokens",), "ner_tags", (
         "O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"), NER_METRICS, ("conll2003",),
-        train_file="train.conll", dev_file="dev.conll", task_type="token_classification"),
+        train_file="train.conll", dev_file="dev.conll", task_type="token_classification",
+        hub_label_column="ner_tags"),
 })
 
 
@@ -144,9 +147,11 @@ def task_spec(config: TaskConfig) -> TaskSpec:
         return spec
     from distill.tasks import get_task_type
 
-    kind = get_task_type(config.task_type or "sequence_classification")
-    if kind.name != "sequence_classification":
-        return kind.user_spec(config)
+    return get_task_type(config.task_type or "sequence_classification").user_spec(config)
+
+
+def sequence_user_spec(config: TaskConfig) -> TaskSpec:
+    """The spec of a user's sequence classification or regression files (see :func:`task_spec`)."""
     if not config.text_columns:
         raise DataError("task.text_columns: name the text column(s) of task.train_file, e.g. [sentence] or "
                         "[question, passage]")
@@ -364,7 +369,7 @@ def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     except (RuntimeError, ValueError, FileNotFoundError) as error:  # e.g. a script data set newer datasets refuse
         raise DataError(f"task {spec.name}: {local}, and datasets could not load {'/'.join(spec.hub)} from the hub "
                         f"({' '.join(str(error).split())[:200]}); download its files and pass --data-dir") from None
-    label = "label" if spec.task_type == "sequence_classification" else spec.label_column  # GLUE's is "label"
+    label = spec.hub_label_column
     splits = {"train": "train", "dev": spec.hub_dev_split,
               **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}
     loaded = {ours: raw[theirs].select_columns([*spec.text_columns, label]) for ours, theirs in splits.items()}
@@ -376,19 +381,24 @@ def _load_user_files(config: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict
     """A user's train and dev files, their label column mapped to ids (classification) or floats (regression)."""
     if not config.dev_file:
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
-    if spec.task_type != "sequence_classification":
-        return datasets.DatasetDict({split: spec.type.read_split(source, spec) for split, source in
-                                     (("train", config.train_file), ("dev", config.dev_file))})
-    data = {}
-    for split, source in (("train", config.train_file), ("dev", config.dev_file)):
-        table = read_table(source, text_columns=spec.text_columns)
-        require_columns(table, [*spec.text_columns, spec.label_column], source)
-        # Row i of the table is line i + 2 of a CSV/TSV file (after the header), line i + 1 of a JSONL file.
-        offset = 1 if Path(source).suffix in (".jsonl", ".json") else 2
-        labels = [_parse_label(value, spec, source, i + offset) for i, value in enumerate(table[spec.label_column])]
-        texts = {c: ["" if t is None else str(t) for t in table[c]] for c in spec.text_columns}
-        data[split] = datasets.Dataset.from_dict({**texts, "label": labels})
-    return datasets.DatasetDict(data)
+    return datasets.DatasetDict({split: spec.type.read_user_split(source, spec) for split, source in
+                                 (("train", config.train_file), ("dev", config.dev_file))})
+
+
+def read_user_table(source: str, spec: TaskSpec) -> datasets.Dataset:
+    """One split of a user's CSV/TSV/JSONL file for a sequence task: the text column(s) and ``label`` (class id, or
+    float score).
+
+    Raises:
+        DataError: a missing column, a label not in the label set (naming the file and line).
+    """
+    table = read_table(source, text_columns=spec.text_columns)
+    require_columns(table, [*spec.text_columns, spec.label_column], source)
+    # Row i of the table is line i + 2 of a CSV/TSV file (after the header), line i + 1 of a JSONL file.
+    offset = 1 if Path(source).suffix in (".jsonl", ".json") else 2
+    labels = [_parse_label(value, spec, source, i + offset) for i, value in enumerate(table[spec.label_column])]
+    texts = {c: ["" if t is None else str(t) for t in table[c]] for c in spec.text_columns}
+    return datasets.Dataset.from_dict({**texts, "label": labels})
 
 
 # A UTF-8 byte-order mark (as in GLUE's MRPC files) is not part of the first column's name.

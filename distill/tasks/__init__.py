@@ -46,6 +46,10 @@ class TaskType:
         """The spec of a task of the user's own files (``task.train_file``, ``dev_file``, ...) of this type."""
         raise NotImplementedError
 
+    def read_user_split(self, path, spec: "TaskSpec") -> "datasets.Dataset":
+        """One split of the user's own files, columns ``spec.text_columns`` and ``label``."""
+        raise NotImplementedError
+
     def tokenize(self, dataset: "datasets.Dataset", tokenizer: "PreTrainedTokenizerBase", spec: "TaskSpec",
                  max_seq_length: int) -> "datasets.Dataset":
         """Model inputs and ``labels``, unpadded."""
@@ -109,6 +113,16 @@ class SequenceClassification(TaskType):
         from distill.data import read_glue_tsv
 
         return read_glue_tsv(path, spec)
+
+    def user_spec(self, config):
+        from distill.data import sequence_user_spec
+
+        return sequence_user_spec(config)
+
+    def read_user_split(self, path, spec):
+        from distill.data import read_user_table
+
+        return read_user_table(path, spec)
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         from distill.data import tokenize_texts
@@ -178,6 +192,9 @@ class TokenClassification(TaskType):
         from distill.tasks.token_classification import user_spec
 
         return user_spec(config)
+
+    def read_user_split(self, path, spec):
+        return self.read_split(path, spec)
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         from distill.tasks.token_classification import tokenize_words
