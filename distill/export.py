@@ -233,7 +233,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     files = {}
     for name in names:
         logits = predict(OnnxClassifier(out / name), encoded, tokenizer, device="cpu")
-        same = spec.type.same_prediction(logits, reference, spec)
+        same = spec.type.same_prediction(logits, reference, spec, labels)
         difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(logits, reference))
         files[name] = {"size_mb": (out / name).stat().st_size / 1e6,
                        "max_abs_logit_difference": difference,

@@ -74,8 +74,9 @@ class TaskType:
         ``spec.metrics[0]``: {"metric", "value", "basis" (in words)} (see :func:`teachers.finetune.chance`)."""
         raise NotImplementedError
 
-    def same_prediction(self, outputs: Any, reference: Any, spec: "TaskSpec") -> np.ndarray:
-        """(N,) bool: whether two models' outputs (ONNX and PyTorch, say) predict the same for each example."""
+    def same_prediction(self, outputs: Any, reference: Any, spec: "TaskSpec", labels: Any = None) -> np.ndarray:
+        """(N,) bool: whether two models' outputs (ONNX and PyTorch, say) predict the same for each example, at the
+        positions that are scored (``labels``, per example, where the task has several)."""
         raise NotImplementedError
 
     def recipe(self, spec: "TaskSpec") -> tuple[str, str] | None:
@@ -163,7 +164,7 @@ class SequenceClassification(TaskType):
         return (f'from transformers import pipeline\n\nclassify = pipeline("text-classification", model="{model}")\n'
                 'print(classify("a charming and often affecting journey"))')
 
-    def same_prediction(self, outputs, reference, spec):
+    def same_prediction(self, outputs, reference, spec, labels=None):
         if spec.is_regression:
             return np.ones(len(outputs), dtype=bool)
         return np.asarray(outputs).argmax(-1) == np.asarray(reference).argmax(-1)
@@ -241,9 +242,15 @@ class TokenClassification(TaskType):
         return (f'from transformers import pipeline\n\ntag = pipeline("token-classification", model="{model}", '
                 'aggregation_strategy="simple")\nprint(tag("Empire State Building is in New York"))')
 
-    def same_prediction(self, outputs, reference, spec):
-        return np.array([np.array_equal(np.asarray(a).argmax(-1), np.asarray(b).argmax(-1))
-                         for a, b in zip(outputs, reference)], dtype=bool)
+    def same_prediction(self, outputs, reference, spec, labels=None):
+        from distill.tasks.token_classification import IGNORE
+
+        same = []
+        for i, (a, b) in enumerate(zip(outputs, reference)):
+            a, b = np.asarray(a).argmax(-1), np.asarray(b).argmax(-1)
+            scored = np.asarray(labels[i]) != IGNORE if labels is not None else np.ones(len(a), dtype=bool)
+            same.append(np.array_equal(a[scored], b[scored]))  # every scored word predicted alike
+        return np.array(same, dtype=bool)
 
     def replaceable_words(self, spec, replace_entities=False):
         if replace_entities:
