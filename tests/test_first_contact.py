@@ -136,7 +136,7 @@ def test_a_glue_task_without_local_data_and_no_hub_is_one_error_line(tmp_path, e
                             env=_without_network(tmp_path, **env), timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     line = _error_line(result.stderr)
-    assert line.startswith("error: task mrpc: no local data (--data-dir DIR with GLUE's train.tsv and dev.tsv)")
+    assert line.startswith("error: task mrpc: no local data (--data-dir DIR with train.tsv and dev.tsv)")
     assert why in line and "pass --data-dir" in line
 
 
