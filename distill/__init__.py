@@ -9,6 +9,7 @@ The public API, for distilling from Python instead of the command line (see the 
   (fine-tuning a teacher on its own loss);
 - distillation: :func:`build_layer_map`, :class:`DistillationObjective`, :data:`LOSS_TERMS`;
 - evaluation and devices: :func:`evaluate_task`, :func:`run_device`;
+- serving: :class:`QuestionAnswerer` (answers from an extractive QA student or its ONNX file);
 - the whole job: :func:`load_config`, :func:`run_pipeline`, :func:`run_seeds` (one run per seed, mean and spread).
 
 Names are imported on first use, so ``import distill`` stays cheap and submodules import each other freely;
@@ -33,6 +34,7 @@ _API = {
     "LOSS_TERMS": "distill.terms", "evaluate_task": "distill.evaluate", "run_device": "distill.device",
     "ModelLossObjective": "distill.objective", "resolve_model": "teachers.models",
     "run_pipeline": "distill.pipeline", "run_seeds": "distill.seeds",
+    "QuestionAnswerer": "distill.tasks.question_answering",
 }
 __all__ = sorted(_API)
 

@@ -357,7 +357,8 @@ class ModelOutputs:
     """One standard record of a model's outputs, the only thing losses see.
 
     Attributes:
-        logits: (B, C) classification logits, or (B, 1) for regression; None for a bare encoder.
+        logits: (B, C) classification logits, (B, 1) for regression, (B, T, C) per token, (B, T, 2) start and end
+            logits of a QA head (:func:`head_logits`); None for a bare encoder.
         hidden_states: L+1 tensors (B, T, H); index 0 is the embedding output.
         attentions: L entries, (B, A, T, T) pre-softmax scores QKᵀ/√d of each captured layer, None for the others.
         attention_mask: (B, T), 1 for real tokens, 0 for padding.
@@ -372,6 +373,15 @@ class ModelOutputs:
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def head_logits(outputs) -> torch.Tensor | None:
+    """The head's output as one tensor: ``outputs.logits`` ((B, C) or (B, T, C)), or for a question-answering head
+    its ``start_logits`` and ``end_logits`` stacked into (B, T, 2); None for a bare encoder."""
+    logits = getattr(outputs, "logits", None)
+    if logits is None and getattr(outputs, "start_logits", None) is not None:
+        return torch.stack((outputs.start_logits, outputs.end_logits), dim=-1)
+    return logits
 
 
 def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attentions: bool = True) -> ModelOutputs:
@@ -389,7 +399,7 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
             outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=False)
             qkv = hooks.take_qkv()
         return ModelOutputs(
-            logits=getattr(outputs, "logits", None),
+            logits=head_logits(outputs),
             hidden_states=tuple(outputs.hidden_states or ()),
             attentions=hooks.collect() if attentions else (),
             attention_mask=batch["attention_mask"],
@@ -405,7 +415,7 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
         returned = tuple(by_layer.get(i) for i in range(model.config.num_hidden_layers))
     sink = getattr(model, "qkv_sink", None)
     return ModelOutputs(
-        logits=getattr(outputs, "logits", None),
+        logits=head_logits(outputs),
         hidden_states=tuple(outputs.hidden_states or ()),
         attentions=returned,
         attention_mask=batch["attention_mask"],
@@ -489,10 +499,11 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
         probs = torch.softmax(products.float().masked_fill(~mask, torch.finfo(torch.float32).min), dim=-1)
         if not torch.allclose(probs, reference.attentions[i].float(), atol=1e-4):
             fail(f"the query and key projections captured at layer {i + 1} do not give its attention")
-    if getattr(reference, "logits", None) is not None:
+    if head_logits(reference) is not None:
         tolerance = 1e-4 if fused else 1e-5
-        if not torch.allclose(captured.logits, reference.logits, atol=tolerance):
-            fail(f"its logits with capture differ from eager ones by {float((captured.logits - reference.logits).abs().max()):.2e}")
+        expected = head_logits(reference)
+        if not torch.allclose(captured.logits, expected, atol=tolerance):
+            fail(f"its logits with capture differ from eager ones by {float((captured.logits - expected).abs().max()):.2e}")
 
 
 def _probe_batch(config, device) -> dict:

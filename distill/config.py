@@ -87,7 +87,8 @@ class TrainConfig:
 
 
 # Task metrics by name (distill.evaluate computes them).
-METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr", "precision", "recall")
+METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr", "precision", "recall", "exact_match")
+TASK_TYPES = ("sequence_classification", "token_classification", "question_answering")  # distill.tasks.TASK_TYPES
 
 
 @dataclass
@@ -108,13 +109,14 @@ class TaskConfig:
     label_names: list[str] | None = None  # classes in id order; None: the distinct labels of train_file, sorted
     regression: bool = False  # labels are real-valued scores (MSE, Pearson/Spearman)
     metrics: list[str] | None = None  # None: accuracy (+ f1 for two classes), or pearson + spearmanr
-    # The kind of task (distill.tasks): sequence_classification or token_classification; None: the named task's
-    # (GLUE tasks classify sequences, wnut_17 and conll2003 tag tokens), or sequence_classification for own files.
+    # The kind of task (distill.tasks): sequence_classification, token_classification or question_answering; None:
+    # the named task's (GLUE tasks classify sequences, wnut_17 and conll2003 tag tokens, squad answers questions), or
+    # sequence_classification for own files.
     task_type: str | None = None
 
     def __post_init__(self) -> None:
-        _check(self.task_type in (None, "sequence_classification", "token_classification"), "task_type",
-               f"must be sequence_classification or token_classification, got {self.task_type!r}")
+        _check(self.task_type in (None, *TASK_TYPES), "task_type",
+               f"must be {', '.join(TASK_TYPES[:-1])} or {TASK_TYPES[-1]}, got {self.task_type!r}")
         unknown = [m for m in self.metrics or [] if m not in METRICS]
         _check(not unknown, "metrics", f"unknown metric(s) {unknown}; use {', '.join(METRICS)}")
         _check(len(self.text_columns) <= 2, "text_columns", f"one or two columns, got {self.text_columns}")

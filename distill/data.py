@@ -117,6 +117,13 @@ TASKS.update({
         hub_label_column="ner_tags"),
 })
 
+# Extractive question answering: SQuAD v1.1 (Rajpurkar et al., 2016) as the hub's ``squad`` or its official JSON
+# files. The QA head has two outputs, start and end (its ``label_names``); F1 first, the leaderboard's ranking metric.
+from distill.tasks.question_answering import QA_METRICS  # noqa: E402
+TASKS["squad"] = TaskSpec("squad", ("question", "context"), "answers", ("start", "end"), QA_METRICS, ("squad",),
+                          train_file="train.json", dev_file="dev.json", task_type="question_answering",
+                          hub_label_column="answers")
+
 
 def get_task(name: str) -> TaskSpec:
     """The GLUE :class:`TaskSpec` called ``name``; raises ValueError listing the known tasks."""

@@ -12,6 +12,7 @@ from sklearn import metrics
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from distill.capture import head_logits
 from distill.data import TaskSpec, collator, tokenize
 from distill.device import model_device, same_device
 
@@ -77,8 +78,9 @@ def sequence_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) ->
 @torch.no_grad()
 def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64
             ) -> np.ndarray | list[np.ndarray]:
-    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32, or for a model with one output
-    per token (token classification) a list of N (T_i, C) float32 arrays, padding removed.
+    """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32, or for a model with outputs per
+    token (token classification; QA, whose start and end logits are (T_i, 2), :func:`distill.capture.head_logits`) a
+    list of N (T_i, C) float32 arrays, padding removed.
 
     Args:
         model: a classifier already on ``device`` (evaluation never moves a model), or an ONNX Runtime session
@@ -103,7 +105,7 @@ def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size
     chunks: list = []
     for batch in tqdm(loader, desc="evaluate", leave=False):
         batch = {k: v.to(device) for k, v in batch.items()}
-        logits = model(**batch).logits.float().cpu()
+        logits = head_logits(model(**batch)).float().cpu()
         if logits.dim() == 3:  # (B, T, C): one row per real token of each example
             lengths = batch["attention_mask"].sum(dim=1).tolist()
             left = tokenizer.padding_side == "left"

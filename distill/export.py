@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
+from distill.capture import head_logits
 from distill.checkpoint import write_json_atomic
 from distill.data import TaskSpec, tokenize
 from distill.evaluate import compute_metrics, predict
@@ -39,12 +40,13 @@ FILES = {"onnx": "model.onnx", "onnx-int8": "model_quantized.onnx"}
 
 
 class OnnxClassifier:
-    """An ONNX Runtime session with the calling convention of a `transformers` classifier, so that evaluation and
-    timing treat it like any model: ``model(**inputs).logits`` is a (B, C) float tensor.
+    """An ONNX Runtime session with the calling convention of a `transformers` model with a head, so that evaluation
+    and timing treat it like any model: ``model(**inputs)`` has the graph's outputs as float tensors, ``logits``
+    ((B, C) or (B, T, C)) or ``start_logits`` and ``end_logits`` (B, T) of a QA head.
 
     Args:
         path: an ``.onnx`` file with inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids``) of shape
-            (B, T) int64, and output ``logits``.
+            (B, T) int64, and the head's outputs (:func:`output_names`).
         num_threads: ONNX Runtime intra-op threads (None: its default, all cores).
     """
 
@@ -59,6 +61,7 @@ class OnnxClassifier:
             options.intra_op_num_threads = num_threads
         self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
 
     def __call__(self, **inputs: torch.Tensor) -> SimpleNamespace:
         feed = {}
@@ -67,8 +70,8 @@ class OnnxClassifier:
             if value is None:  # e.g. token_type_ids that the batch leaves out: BERT's default is all zeros
                 value = torch.zeros_like(inputs["input_ids"])
             feed[name] = value.cpu().numpy().astype(np.int64)
-        (logits,) = self.session.run(["logits"], feed)
-        return SimpleNamespace(logits=torch.from_numpy(logits))
+        outputs = self.session.run(self.output_names, feed)
+        return SimpleNamespace(**{name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)})
 
     def eval(self) -> "OnnxClassifier":
         return self
@@ -82,9 +85,16 @@ def input_names(model: torch.nn.Module) -> list[str]:
     return names + ["token_type_ids"] if getattr(model.config, "type_vocab_size", 0) > 1 else names
 
 
+def output_names(model: torch.nn.Module, probe: dict) -> list[str]:
+    """The names of the head's outputs, as the model returns them (``logits``; ``start_logits``, ``end_logits``)."""
+    with torch.no_grad():
+        return [name for name in model(**probe).keys() if name not in ("hidden_states", "attentions")]
+
+
 def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
-    """Export a classifier to ONNX with dynamic batch size and length; returns the largest absolute difference of
-    its logits from PyTorch's on a probe batch (a check that the graph is the model).
+    """Export a model with a head to ONNX with dynamic batch size and length, its outputs named as the model names
+    them (:func:`output_names`, as Optimum and ``pipeline()`` expect); returns the largest absolute difference of its
+    logits from PyTorch's on a probe batch (a check that the graph is the model).
 
     Raises:
         RuntimeError: the exported graph's logits differ from the model's by more than 1e-3.
@@ -100,12 +110,13 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
     length = torch.export.Dim("length", min=2, max=max_length)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _quiet_exporter():
-        torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names, output_names=["logits"],
+        torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names,
+                          output_names=output_names(model, probe),
                           dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
                           external_data=False, verbose=False)
     with torch.no_grad():
-        expected = model(**probe).logits.numpy()
-    difference = float(np.abs(OnnxClassifier(path)(**probe).logits.numpy() - expected).max())
+        expected = head_logits(model(**probe)).numpy()
+    difference = float(np.abs(head_logits(OnnxClassifier(path)(**probe)).numpy() - expected).max())
     if difference > 1e-3:
         raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
     return difference
@@ -229,7 +240,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     tokenizer.save_pretrained(out)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
     reference = predict(model, encoded, tokenizer, device="cpu")
-    labels = encoded["labels"]  # (N,), or per example (T_i,) for token classification: compute_metrics takes both
+    labels = encoded["labels"]  # (N,), per example (T_i,) for token classification, a record per QA feature
     files = {}
     for name in names:
         logits = predict(OnnxClassifier(out / name), encoded, tokenizer, device="cpu")

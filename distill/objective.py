@@ -12,6 +12,7 @@ A frozen teacher lives outside ``trainable``: it is never optimised or checkpoin
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 
 import torch
@@ -29,9 +30,11 @@ class ModelLossObjective(nn.Module):
         super().__init__()
         self.trainable = nn.ModuleDict({"model": model})
         self.name = name
+        # The batch entries the model takes (a task's collator may add others, e.g. QA's context_mask).
+        self.accepts = frozenset(inspect.signature(model.forward).parameters)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss = self.trainable["model"](**batch).loss
+        loss = self.trainable["model"](**{k: v for k, v in batch.items() if k in self.accepts}).loss
         return loss, {self.name: loss.detach()}
 
 

@@ -23,9 +23,14 @@ def preflight(config: PipelineConfig) -> None:
     Raises:
         VectorsError, DataError: missing word vectors, stop word list or corpus file (masked LM or general stage).
         ModelError: the general stage's teacher cannot be found.
-        ConfigError: an unknown student preset or an impossible student shape.
+        ConfigError: an unknown student preset or an impossible student shape; augmentation on for a task type that
+            it would corrupt (question answering).
     """
     if config.augment.enabled:
+        kind = task_spec(config.task).type
+        if not kind.supports_augmentation:
+            raise ConfigError(f"augment.enabled: TinyBERT's word replacement would change the labels of a "
+                              f"{kind.description} (answers and their offsets); set augment.enabled: false")
         check_word_vectors(config.augment.word_vectors)
         load_stopwords(config.augment.stopwords)
         if config.mlm.model is None:

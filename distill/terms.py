@@ -169,7 +169,7 @@ def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch
     loss = objective.task_type.prediction_loss(
         student.logits, target, batch.get("labels"), temperature=objective.temperature,
         temperature_squared=objective.temperature_squared, hard_label_weight=objective.hard_label_weight,
-        regression=objective.regression)
+        regression=objective.regression, batch=batch)
     return TermValue(loss, (student.logits.float() != target.float()).any())
 
 

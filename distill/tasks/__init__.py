@@ -7,7 +7,8 @@ may change, and how the model card and ``pipeline()`` name it. The stages, the t
 branch on the task: they call its type. A new head is one module here and its tests.
 
 Types: ``sequence_classification`` (classification and regression of one text or a pair: GLUE, a user's CSV/JSONL),
-``token_classification`` (one label per word: NER, with BIO tags).
+``token_classification`` (one label per word: NER, with BIO tags), ``question_answering`` (extractive QA: a span of
+the context, SQuAD v1.1).
 """
 
 from __future__ import annotations
@@ -65,9 +66,13 @@ class TaskType:
 
     def prediction_loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None,
                         *, temperature: float, temperature_squared: bool, hard_label_weight: float,
-                        regression: bool) -> torch.Tensor:
-        """The prediction step's loss (TinyBERT Eq. 10 in the head's output space), a float32 scalar."""
+                        regression: bool, batch: dict | None = None) -> torch.Tensor:
+        """The prediction step's loss (TinyBERT Eq. 10 in the head's output space), a float32 scalar. ``labels`` is
+        the batch's ``labels``; ``batch`` the whole batch, for a type whose loss reads more of it (QA: which
+        positions may hold an answer)."""
         raise NotImplementedError
+
+    supports_augmentation: bool = True  # TinyBERT's word replacement keeps this type's labels true
 
     def chance(self, spec: "TaskSpec", dev_labels: Any = None) -> dict:
         """What a model that has learnt nothing (the best constant guess on the dev set) scores on
@@ -141,7 +146,7 @@ class SequenceClassification(TaskType):
         return sequence_metrics(spec, np.asarray(outputs), np.asarray(labels))
 
     def prediction_loss(self, student_logits, teacher_logits, labels, *, temperature, temperature_squared,
-                        hard_label_weight, regression):
+                        hard_label_weight, regression, batch=None):
         from distill.losses import prediction_loss
 
         return prediction_loss(student_logits, teacher_logits, temperature, temperature_squared, regression, labels,
@@ -214,7 +219,7 @@ class TokenClassification(TaskType):
         return {name: metrics[name] for name in spec.metrics}
 
     def prediction_loss(self, student_logits, teacher_logits, labels, *, temperature, temperature_squared,
-                        hard_label_weight, regression):
+                        hard_label_weight, regression, batch=None):
         from distill.tasks.token_classification import IGNORE, token_soft_cross_entropy
 
         if labels is None:
@@ -260,7 +265,105 @@ class TokenClassification(TaskType):
         return only_tags(spec.label_names)  # words tagged O only: an entity is never rewritten
 
 
-TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (SequenceClassification(), TokenClassification())}
+class QuestionAnswering(TaskType):
+    """Extractive question answering: the answer is a span of the context, given by start and end logits stacked
+    into (T, 2) per feature (:mod:`distill.tasks.question_answering`: SQuAD v1.1 JSON, features over long contexts,
+    span post-processing, the official EM and F1). TinyBERT's augmentation is not used, as in the paper's SQuAD
+    runs: replacing context words would move or change the answers."""
+
+    name = "question_answering"
+    pipeline_tag = "question-answering"
+    architecture = "ForQuestionAnswering"
+    description = "question-answering reader"
+    supports_augmentation = False
+
+    def model_class(self, spec):
+        from transformers import AutoModelForQuestionAnswering
+
+        return AutoModelForQuestionAnswering
+
+    def read_split(self, path, spec):
+        from distill.tasks.question_answering import read_squad
+
+        return read_squad(path, spec)
+
+    def user_spec(self, config):
+        from distill.tasks.question_answering import squad_spec
+
+        return squad_spec(config)
+
+    def read_user_split(self, path, spec):
+        return self.read_split(path, spec)
+
+    def tokenize(self, dataset, tokenizer, spec, max_seq_length):
+        from distill.tasks.question_answering import doc_stride, tokenize_questions
+
+        return tokenize_questions(dataset, tokenizer, max_seq_length, doc_stride(max_seq_length))
+
+    def collator(self, tokenizer):
+        from distill.tasks.question_answering import QuestionAnsweringCollator
+
+        return QuestionAnsweringCollator(tokenizer)
+
+    def compute_metrics(self, spec, outputs, labels):
+        from distill.tasks.question_answering import squad_metrics
+
+        metrics = squad_metrics(outputs, labels)
+        return {name: metrics[name] for name in spec.metrics}
+
+    def prediction_loss(self, student_logits, teacher_logits, labels, *, temperature, temperature_squared,
+                        hard_label_weight, regression, batch=None):
+        from distill.tasks.question_answering import span_cross_entropy, span_soft_cross_entropy
+
+        if batch is None or "context_mask" not in batch:
+            raise ValueError("question answering: the prediction loss needs the batch's context_mask (which "
+                             "positions may hold an answer)")
+        loss = span_soft_cross_entropy(student_logits, teacher_logits, batch["context_mask"], temperature)
+        if temperature_squared:
+            loss = loss * temperature**2
+        if hard_label_weight > 0:
+            loss = loss + hard_label_weight * span_cross_entropy(
+                student_logits, batch["start_positions"], batch["end_positions"], batch["context_mask"])
+        return loss
+
+    def recipe(self, spec):
+        return "squad_minilm.yaml", "the recipe for extractive question answering"
+
+    def chance(self, spec, dev_labels=None):
+        # A reader that has learnt nothing finds no answer: EM and F1 0 (a random span scores a few points of F1,
+        # which the refusal margin covers).
+        return {"metric": spec.metrics[0], "value": 0.0, "basis": "no answer found"}
+
+    def usage(self, model):
+        # transformers 5 has no question-answering pipeline (transformers 4's reads the checkpoint as it is).
+        return (f'from distill import QuestionAnswerer\n\nanswer = QuestionAnswerer("{model}")  # or "{model}/onnx/'
+                'model.onnx"\nprint(answer(question="Where is the Empire State Building?", context="The Empire State '
+                'Building is a skyscraper in Midtown Manhattan, New York City."))')
+
+    def same_prediction(self, outputs, reference, spec, labels=None):
+        from distill.tasks.question_answering import best_span
+
+        if labels is None:
+            return np.array([np.array_equal(np.asarray(a).argmax(0), np.asarray(b).argmax(0))
+                             for a, b in zip(outputs, reference)], dtype=bool)
+        spans = [(best_span(a, label["offsets"]), best_span(b, label["offsets"]))
+                 for a, b, label in zip(outputs, reference, labels)]
+        return np.array([(a and a[1:]) == (b and b[1:]) for a, b in spans], dtype=bool)
+
+
+def pad_rows(rows: list, length: int, fill: float, dtype: torch.dtype, left: bool = False) -> torch.Tensor:
+    """Rows of per-token values (each (T_i,) or (T_i, C)) padded with ``fill`` to (B, length[, C]), on the
+    tokenizer's padding side (``left``)."""
+    first = torch.as_tensor(rows[0], dtype=dtype)
+    out = torch.full((len(rows), length, *first.shape[1:]), fill, dtype=dtype)
+    for row, values in enumerate(rows):
+        values = torch.as_tensor(values, dtype=dtype)
+        out[row, slice(length - len(values), None) if left else slice(0, len(values))] = values
+    return out
+
+
+TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (SequenceClassification(), TokenClassification(),
+                                                       QuestionAnswering())}
 
 
 def get_task_type(name: str) -> TaskType:

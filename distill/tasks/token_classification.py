@@ -207,6 +207,8 @@ class TokenCollator:
         self.tokenizer = tokenizer
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        from distill.tasks import pad_rows
+
         labels = [f.get("labels") for f in features]
         teacher = [f.get("teacher_logits") for f in features]
         inputs = [{k: v for k, v in f.items() if k not in ("labels", "teacher_logits")} for f in features]
@@ -214,17 +216,9 @@ class TokenCollator:
         length = batch["input_ids"].shape[1]
         left = self.tokenizer.padding_side == "left"
         if labels[0] is not None:
-            batch["labels"] = torch.full((len(features), length), IGNORE, dtype=torch.long)
-            for row, values in enumerate(labels):
-                values = torch.as_tensor(values, dtype=torch.long)
-                batch["labels"][row, slice(length - len(values), None) if left else slice(0, len(values))] = values
+            batch["labels"] = pad_rows(labels, length, IGNORE, torch.long, left)
         if teacher[0] is not None:
-            first = torch.as_tensor(teacher[0], dtype=torch.float32)
-            batch["teacher_logits"] = torch.zeros((len(features), length, first.shape[-1]), dtype=torch.float32)
-            for row, values in enumerate(teacher):
-                values = torch.as_tensor(values, dtype=torch.float32)
-                where = slice(length - len(values), None) if left else slice(0, len(values))
-                batch["teacher_logits"][row, where] = values
+            batch["teacher_logits"] = pad_rows(teacher, length, 0.0, torch.float32, left)
         return batch
 
 

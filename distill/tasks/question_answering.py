@@ -1,0 +1,390 @@
+"""Extractive question answering (SQuAD v1.1): the answer is a span of the context, predicted as a start and an end.
+
+Shapes: N questions, F features, B batch, T word pieces (padded), 2 = (start, end).
+
+A question and its context are tokenised as a pair; a context longer than ``max_seq_length`` pieces becomes several
+features (windows of the context that overlap by ``doc_stride`` pieces), as Hugging Face's ``run_qa.py`` does. Each
+feature keeps what scoring needs: its question's index, the character span of every context piece (other pieces have
+none), the context and the gold answers. A feature whose window does not hold the whole first answer is trained to
+point at [CLS] (position 0), the usual convention.
+
+The model's two outputs are stacked into one (B, T, 2) tensor, so the rest of the code (teacher-logit cache, padding,
+ONNX checks) treats them like per-token logits with two columns (:func:`distill.capture.head_logits`).
+
+The prediction loss is soft cross-entropy over start positions and over end positions (TinyBERT Eq. 10 applied to
+each), averaged: (L_start + L_end) / 2, the scale of the model's own QA loss. Both softmaxes run over the positions
+that can hold an answer, the context pieces and [CLS], for teacher and student alike; the question, [SEP] and padding
+are left out (as TextBrewer masks positions outside the context; Hugging Face's DistilBERT script keeps them). Those
+positions are never predicted, and leaving them in would spend the student's capacity matching the teacher's
+arbitrary scores there. The temperature divides both sides' logits as for classification (t = 1 by default, as in
+TinyBERT; ``distill.temperature`` and ``temperature_squared`` give DistilBERT's T = 2 with T² scaling).
+
+Answers are read as the best valid span over each question's features: the ``n_best`` highest starts and ends of each
+feature, an end not before its start, at most ``max_answer_length`` pieces, both in the context, scored by start plus
+end logit. Exact match and F1 are those of the official SQuAD v1.1 script (answer text normalised: lower case, no
+punctuation, no articles, single spaces; the maximum over the gold answers), computed by ``torchmetrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+QA_METRICS = ("f1", "exact_match")  # F1 first: the primary metric, as the SQuAD leaderboard ranks
+N_BEST = 20  # starts and ends considered per feature (run_qa.py's default)
+MAX_ANSWER_LENGTH = 30  # word pieces (run_qa.py's default)
+NO_SPAN = (-1, -1)  # the character span of a piece outside the context
+
+
+def doc_stride(max_seq_length: int) -> int:
+    """Pieces shared by two consecutive windows of a long context: a third of the window (``run_qa.py``'s 128 of
+    384), so an answer cut by one window's edge lies whole inside the next."""
+    return max_seq_length // 3
+
+
+def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
+    """A SQuAD v1.1 JSON file (``data[].paragraphs[].qas[]``, each answer ``text`` and ``answer_start``).
+
+    Returns:
+        One row per question: ``id``, ``question``, ``context`` (str) and ``label``, the gold answers as
+        ``{"text": [str, ...], "answer_start": [int, ...]}`` (the layout of the hub's ``squad``).
+
+    Raises:
+        DataError: the file is missing or not JSON, lacks the SQuAD layout, a question has no answer, or an
+            answer's text is not at its ``answer_start`` in the context (the question's id is named).
+    """
+    from distill.data import DataError
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; give a SQuAD v1.1 JSON file (data[].paragraphs[].qas[])")
+    try:
+        articles = json.loads(path.read_text(encoding="utf-8"))["data"]
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{path} is not a JSON file ({error})") from None
+    except (KeyError, TypeError):
+        raise DataError(f"{path} has no top-level 'data' list; a SQuAD file is {{\"data\": [{{\"paragraphs\": "
+                        "[{\"context\": ..., \"qas\": [...]}]}]}}") from None
+    rows: dict[str, list] = {"id": [], "question": [], "context": [], "label": []}
+    try:
+        for article in articles:
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                for qa in paragraph["qas"]:
+                    answers = qa["answers"]
+                    if not answers:
+                        raise DataError(f"{path}: question {qa['id']!r} has no answer; SQuAD v1.1 questions all have "
+                                        "one (unanswerable questions, as in SQuAD 2.0, are not supported)")
+                    for answer in answers:
+                        start = answer["answer_start"]
+                        if context[start:start + len(answer["text"])] != answer["text"]:
+                            raise DataError(f"{path}: question {qa['id']!r}: answer {answer['text']!r} is not at "
+                                            f"answer_start {start} of its context; fix answer_start")
+                    rows["id"].append(str(qa["id"]))
+                    rows["question"].append(qa["question"])
+                    rows["context"].append(context)
+                    rows["label"].append({"text": [a["text"] for a in answers],
+                                          "answer_start": [int(a["answer_start"]) for a in answers]})
+    except (KeyError, TypeError) as error:
+        raise DataError(f"{path}: not the SQuAD layout (missing {error}); each paragraph has 'context' and 'qas', "
+                        "each question 'id', 'question' and 'answers' with 'text' and 'answer_start'") from None
+    if not rows["id"]:
+        raise DataError(f"{path} holds no question")
+    return datasets.Dataset.from_dict(rows)
+
+
+def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int,
+                       doc_stride: int) -> datasets.Dataset:
+    """Features of questions with their contexts: (question, context) pairs cut into windows of the context.
+
+    Args:
+        dataset: ``question``, ``context`` and ``label`` (gold answers, see :func:`read_squad`).
+        max_seq_length: pieces per feature, question and special tokens included.
+        doc_stride: pieces shared by two consecutive windows of one context.
+
+    Returns:
+        Per feature: ``input_ids``, ``attention_mask`` (``token_type_ids`` for BERT), ``start_positions`` and
+        ``end_positions`` (the first answer's first and last piece; 0, [CLS], when the window does not hold it),
+        ``context_mask`` (T,) 1 at the pieces that may hold an answer (the context's and [CLS]), and ``labels``:
+        ``{"example": question index, "offsets": [[char_start, char_end] per piece, [-1, -1] outside the context],
+        "context": str, "answers": [str]}`` for scoring.
+
+    Raises:
+        DataError: a slow tokenizer (no offsets), or a question so long that the context's window would be no
+            longer than ``doc_stride``.
+    """
+    from distill.data import DataError
+
+    if not tokenizer.is_fast:
+        raise DataError(f"question answering needs a fast tokenizer (offset mapping); {type(tokenizer).__name__} is "
+                        "not one: load the model's tokenizer with use_fast=True")
+
+    specials = tokenizer.num_special_tokens_to_add(pair=True)
+
+    def encode(batch: dict, indices: list[int]) -> dict:
+        questions = [q.lstrip() for q in batch["question"]]  # leading spaces only waste pieces (run_qa.py)
+        longest = max(map(len, tokenizer(questions, add_special_tokens=False)["input_ids"]), default=0)
+        if max_seq_length - specials - longest <= doc_stride:
+            raise DataError(f"a question of {longest} pieces leaves {max_seq_length - specials - longest} of "
+                            f"max_seq_length {max_seq_length} for the context, not more than the doc_stride "
+                            f"{doc_stride} that windows share; raise task.max_seq_length (run_qa.py: 384 with a "
+                            "stride of 128)")
+        encoded = tokenizer(questions, batch["context"], truncation="only_second", max_length=max_seq_length,
+                            stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)
+        features: dict[str, list] = {"start_positions": [], "end_positions": [], "context_mask": [], "labels": []}
+        for i, offsets in enumerate(encoded["offset_mapping"]):
+            row = encoded["overflow_to_sample_mapping"][i]
+            sequence = encoded.sequence_ids(i)
+            cls = encoded["input_ids"][i].index(tokenizer.cls_token_id) if tokenizer.cls_token_id in \
+                encoded["input_ids"][i] else 0
+            spans = [list(span) if part == 1 else list(NO_SPAN) for span, part in zip(offsets, sequence)]
+            answers = batch["label"][row]
+            start, end = _answer_pieces(spans, answers["answer_start"][0], len(answers["text"][0]), cls)
+            features["start_positions"].append(start)
+            features["end_positions"].append(end)
+            features["context_mask"].append([int(part == 1 or k == cls) for k, part in enumerate(sequence)])
+            features["labels"].append({"example": indices[row], "offsets": spans, "context": batch["context"][row],
+                                       "answers": list(answers["text"])})
+        encoded.pop("offset_mapping")
+        encoded.pop("overflow_to_sample_mapping")
+        return {**encoded, **features}
+
+    return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc="tokenize")
+
+
+def _answer_pieces(spans: list[list[int]], char_start: int, length: int, cls: int) -> tuple[int, int]:
+    """The first and last piece of the answer's characters [char_start, char_start + length) in one feature, or
+    (cls, cls) when the feature's window does not hold all of it."""
+    char_end = char_start + length
+    inside = [k for k, (s, e) in enumerate(spans) if (s, e) != NO_SPAN]
+    if length <= 0 or not inside or spans[inside[0]][0] > char_start or spans[inside[-1]][1] < char_end:
+        return cls, cls  # no answer to point at (a reader's question), or not all of it in this window
+    start = next((k for k in inside if spans[k][1] > char_start), None)
+    end = next((k for k in reversed(inside) if spans[k][0] < char_end), None)
+    if start is None or end is None or end < start:  # the answer lies in whitespace between pieces
+        return cls, cls
+    return start, end
+
+
+def span_soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor, context_mask: torch.Tensor,
+                            temperature: float = 1.0) -> torch.Tensor:
+    """L_pred for span extraction: −softmax(z_T / t) · log_softmax(z_S / t) over the positions of ``context_mask``,
+    for the start and for the end, averaged over both and the batch (TinyBERT Eq. 10 per output; the masking is ours,
+    see the module docstring). Accumulates in float32.
+
+    Args:
+        student_logits, teacher_logits: (B, T, 2), start and end logits stacked.
+        context_mask: (B, T), nonzero where an answer may start or end ([CLS] and the context).
+        temperature: t > 0.
+
+    Returns:
+        Scalar, in nats per output; 0 for an empty batch.
+    """
+    allowed = context_mask.bool().unsqueeze(-1)  # (B, T, 1)
+    student = student_logits.float().masked_fill(~allowed, float("-inf")) / temperature
+    teacher = teacher_logits.float().masked_fill(~allowed, float("-inf")) / temperature
+    targets = F.softmax(teacher, dim=1)
+    log_probs = F.log_softmax(student, dim=1).masked_fill(~allowed, 0.0)  # 0 · −inf would be NaN
+    per_output = -(targets * log_probs).sum(dim=1)  # (B, 2)
+    return per_output.mean() if per_output.numel() else per_output.sum()
+
+
+def span_cross_entropy(student_logits: torch.Tensor, start_positions: torch.Tensor, end_positions: torch.Tensor,
+                       context_mask: torch.Tensor) -> torch.Tensor:
+    """The hard-label term: cross-entropy of the gold start and end positions over the same positions as
+    :func:`span_soft_cross_entropy`, (L_start + L_end) / 2, float32.
+
+    Args:
+        student_logits: (B, T, 2). start_positions, end_positions: (B,). context_mask: (B, T).
+    """
+    allowed = context_mask.bool()
+    logits = student_logits.float().masked_fill(~allowed.unsqueeze(-1), float("-inf"))
+    return (F.cross_entropy(logits[..., 0], start_positions) + F.cross_entropy(logits[..., 1], end_positions)) / 2
+
+
+def best_span(logits: np.ndarray, offsets: list, n_best: int = N_BEST, max_answer_length: int = MAX_ANSWER_LENGTH
+              ) -> tuple[float, int, int] | None:
+    """The best valid answer span of one feature.
+
+    Args:
+        logits: (T_i, 2) start and end logits of the feature's pieces.
+        offsets: (T_i,) character spans ``[start, end]`` of the pieces, ``[-1, -1]`` outside the context.
+
+    Returns:
+        (score = start logit + end logit, first character, last character + 1), or None when no span is valid.
+    """
+    logits = np.asarray(logits)
+    length = min(len(logits), len(offsets))
+    starts = np.argsort(logits[:length, 0])[::-1][:n_best]
+    ends = np.argsort(logits[:length, 1])[::-1][:n_best]
+    best = None
+    for s in starts:
+        if tuple(offsets[s]) == NO_SPAN:
+            continue
+        for e in ends:
+            if e < s or e - s + 1 > max_answer_length or tuple(offsets[e]) == NO_SPAN:
+                continue
+            score = float(logits[s, 0] + logits[e, 1])
+            if best is None or score > best[0]:
+                best = (score, int(offsets[s][0]), int(offsets[e][1]))
+    return best
+
+
+def answers(outputs: list[np.ndarray], labels: list[dict]) -> dict[int, dict]:
+    """Each question's predicted answer: the best span over its features (:func:`best_span`).
+
+    Args:
+        outputs: per feature (T_i, 2) logits. labels: per feature the ``labels`` of :func:`tokenize_questions`.
+
+    Returns:
+        {question index: {"answer": text ("" when no span is valid), "start", "end" (characters of the context,
+        end exclusive; -1 without a span), "score" (the probability of the span's start times that of its end, each
+        a softmax over the feature's context pieces), "gold": [gold answers]}}.
+    """
+    found: dict[int, dict] = {}
+    for feature_logits, label in zip(outputs, labels):
+        question = label["example"]
+        span = best_span(feature_logits, label["offsets"])
+        if span is None:
+            best = {"answer": "", "start": -1, "end": -1, "score": 0.0, "logit": float("-inf")}
+        else:
+            best = {"answer": label["context"][span[1]:span[2]], "start": span[1], "end": span[2],
+                    "score": _span_probability(feature_logits, label["offsets"], span[0]), "logit": span[0]}
+        if question not in found or best["logit"] > found[question]["logit"]:
+            found[question] = {**best, "gold": list(label["answers"])}
+    return {question: {k: v for k, v in best.items() if k != "logit"} for question, best in found.items()}
+
+
+def _span_probability(logits: np.ndarray, offsets: list, span_logit: float) -> float:
+    """exp(start logit + end logit) over the start and end softmax normalisers of the context pieces."""
+    logits = np.asarray(logits, dtype=np.float64)[: len(offsets)]
+    context = np.array([tuple(o) != NO_SPAN for o in offsets[: len(logits)]])
+    normaliser = sum(float(np.logaddexp.reduce(logits[context, k])) for k in (0, 1))
+    return float(np.exp(span_logit - normaliser))
+
+
+def squad_metrics(outputs: list[np.ndarray], labels: list[dict]) -> dict[str, float]:
+    """Exact match and F1 of the official SQuAD v1.1 script (``torchmetrics.functional.text.squad``), as fractions in
+    [0, 1] (the script prints them × 100).
+
+    Args:
+        outputs: per feature (T_i, 2) start and end logits. labels: per feature, see :func:`tokenize_questions`.
+
+    Returns:
+        ``f1`` and ``exact_match``, means over the questions.
+    """
+    from torchmetrics.functional.text import squad
+
+    predicted = answers(outputs, labels)
+    if not predicted:
+        return {"f1": 0.0, "exact_match": 0.0}
+    ids = sorted(predicted)
+    preds = [{"prediction_text": predicted[q]["answer"], "id": str(q)} for q in ids]
+    target = [{"answers": {"text": predicted[q]["gold"], "answer_start": [0] * len(predicted[q]["gold"])},
+               "id": str(q)} for q in ids]
+    scores = squad(preds, target)
+    return {"f1": float(scores["f1"]) / 100, "exact_match": float(scores["exact_match"]) / 100}
+
+
+class QuestionAnsweringCollator:
+    """Pad tokenized features into a batch: the inputs by the tokenizer, ``context_mask`` with 0, cached
+    ``teacher_logits`` (T_i, 2) with 0 (never read: masked), positions moved by the padding on a left-padding
+    tokenizer.
+
+    Returns (when called):
+        ``input_ids``, ``attention_mask`` (``token_type_ids``) (B, T) int64, ``start_positions`` and
+        ``end_positions`` (B,) int64, ``context_mask`` (B, T) int64 and, when the features carry them,
+        ``teacher_logits`` (B, T, 2) float32.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.tokenizer = tokenizer
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        from distill.tasks import pad_rows
+
+        inputs = [{k: f[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in f} for f in features]
+        batch = dict(self.tokenizer.pad(inputs, return_tensors="pt"))
+        length = batch["input_ids"].shape[1]
+        left = self.tokenizer.padding_side == "left"
+        shift = torch.tensor([length - len(f["input_ids"]) if left else 0 for f in features])
+        for name in ("start_positions", "end_positions"):
+            if name in features[0]:
+                batch[name] = torch.tensor([f[name] for f in features], dtype=torch.long) + shift
+        batch["context_mask"] = pad_rows([f["context_mask"] for f in features], length, 0, torch.long, left)
+        if features[0].get("teacher_logits") is not None:
+            batch["teacher_logits"] = pad_rows([f["teacher_logits"] for f in features], length, 0.0, torch.float32,
+                                               left)
+        return batch
+
+
+def squad_spec(config):
+    """The :class:`~distill.data.TaskSpec` of a user's SQuAD-layout files (``task.train_file``, ``dev_file``).
+
+    Raises:
+        DataError: no dev file, or metrics other than ``f1`` / ``exact_match``.
+    """
+    from distill.data import DataError, TaskSpec
+
+    if not config.dev_file:
+        raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
+    metrics = tuple(config.metrics or QA_METRICS)
+    if not set(metrics) <= set(QA_METRICS):
+        raise DataError(f"task.metrics: question answering scores {', '.join(QA_METRICS)}; got {list(metrics)}")
+    return TaskSpec(config.name, ("question", "context"), "answers", ("start", "end"), metrics, hub=None,
+                    dev_file=config.dev_file, train_file=config.train_file, task_type="question_answering")
+
+
+class QuestionAnswerer:
+    """Answers questions from their contexts with an extractive QA checkpoint or its ONNX file, the way the
+    evaluation reads answers (features over long contexts, the best valid span). ``transformers`` 5 removed its
+    ``question-answering`` pipeline; a saved student is a plain ``...ForQuestionAnswering`` checkpoint, which that
+    pipeline of ``transformers`` 4 reads as it is.
+
+    Args:
+        model: a checkpoint folder, an ``.onnx`` file (its folder holds the tokenizer, as a student's ``onnx/``
+            does), or a loaded ``...ForQuestionAnswering`` model with ``tokenizer``.
+        tokenizer: the model's tokenizer (default: the one saved beside it).
+        max_seq_length: pieces per feature (question, context window and special tokens).
+
+    Call with a question and a context (or lists of both); returns {"answer", "start", "end", "score"} (characters
+    of the context, end exclusive; score as in :func:`answers`), or a list of them.
+    """
+
+    def __init__(self, model, tokenizer=None, max_seq_length: int = 384):
+        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+        from distill.export import OnnxClassifier
+
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent if path.suffix == ".onnx" else path)
+            model = OnnxClassifier(path) if path.suffix == ".onnx" else \
+                AutoModelForQuestionAnswering.from_pretrained(path).eval()
+        if tokenizer is None:
+            raise ValueError("QuestionAnswerer: give the tokenizer of a model passed as an object")
+        self.model, self.tokenizer, self.max_seq_length = model, tokenizer, max_seq_length
+
+    def __call__(self, question: str | list[str], context: str | list[str]) -> dict | list[dict]:
+        from distill.evaluate import predict
+
+        single = isinstance(question, str)
+        questions, contexts = ([question], [context]) if single else (list(question), list(context))
+        if len(questions) != len(contexts):
+            raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
+        rows = datasets.Dataset.from_dict({"question": questions, "context": contexts,
+                                           "label": [{"text": [""], "answer_start": [0]}] * len(questions)})
+        features = tokenize_questions(rows, self.tokenizer, self.max_seq_length, doc_stride(self.max_seq_length))
+        outputs = predict(self.model, features, self.tokenizer, device="cpu")
+        found = answers(outputs, features["labels"])
+        results = [{k: v for k, v in found[i].items() if k != "gold"} for i in range(len(questions))]
+        return results[0] if single else results

@@ -1,0 +1,302 @@
+"""Extractive question answering as a task type: SQuAD reading, features over long contexts with their answer
+positions, the span prediction loss, span post-processing with the official EM/F1, padding, the reader, and the whole
+pipeline on a tiny QA teacher."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from transformers import BertForQuestionAnswering
+
+from distill.config import ConfigError, TaskConfig, load_config
+from distill.data import DataError, TASKS, load_task_data, task_spec
+from distill.evaluate import predict
+from distill.tasks import get_task_type
+from distill.tasks.question_answering import (
+    NO_SPAN,
+    QuestionAnswerer,
+    QuestionAnsweringCollator,
+    best_span,
+    read_squad,
+    span_cross_entropy,
+    span_soft_cross_entropy,
+    squad_metrics,
+    tokenize_questions,
+)
+from tests.conftest import tiny_bert_config
+
+# Words of the tiny vocabulary of conftest ("wonderful" is two pieces).
+CONTEXTS = ["the movie was good and the plot was fun . the cast was great",
+            "a wonderful film with a bad story . the actor was very fine"]
+PARAGRAPHS = [(context, [(question, answer, context.index(answer)) for question, answer in qas]) for context, qas in
+              zip(CONTEXTS, [[("what was the plot ?", "fun"), ("what was the cast ?", "great")],
+                             [("what was the film ?", "wonderful"), ("what was the actor ?", "very fine")]])]
+GREAT = CONTEXTS[0].index("great")
+
+
+def write_squad(path: Path, paragraphs=PARAGRAPHS) -> Path:
+    data = [{"title": "t", "paragraphs": [
+        {"context": context, "qas": [{"id": f"q{i}-{j}", "question": q, "answers": [{"text": a, "answer_start": s}]}
+                                     for j, (q, a, s) in enumerate(qas)]}
+        for i, (context, qas) in enumerate(paragraphs)]}]
+    path.write_text(json.dumps({"version": "1.1", "data": data}), encoding="utf-8")
+    return path
+
+
+def test_squad_files_read_one_row_per_question_and_bad_offsets_are_named(tmp_path):
+    rows = read_squad(write_squad(tmp_path / "train.json"))
+    assert rows.column_names == ["id", "question", "context", "label"] and len(rows) == 4
+    assert rows[3]["label"] == {"text": ["very fine"], "answer_start": [CONTEXTS[1].index("very fine")]}
+    bad = [(CONTEXTS[0], [("what was the plot ?", "fun", 31)])]
+    with pytest.raises(DataError, match=r"question 'q0-0': answer 'fun' is not at answer_start 31"):
+        read_squad(write_squad(tmp_path / "bad.json", bad))
+    with pytest.raises(DataError, match=r"does not exist"):
+        read_squad(tmp_path / "missing.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match=r"no top-level 'data' list"):
+        read_squad(tmp_path / "list.json")
+
+
+def test_the_squad_task_reads_the_shared_files_and_the_hub_layout(monkeypatch):
+    import datasets
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa" / "squad-v1.1"
+    if folder.is_dir():
+        data = load_task_data(TaskConfig(name="squad", data_dir=str(folder), max_train_examples=5))
+        assert (len(data["train"]), len(data["dev"])) == (5, 9380)
+        first = data["train"][0]
+        assert first["context"][first["label"]["answer_start"][0]:].startswith(first["label"]["text"][0])
+
+    def fake_load_dataset(name):
+        assert name == "squad"
+        split = datasets.Dataset.from_dict({"id": ["0"], "title": ["t"], "context": ["a cat"], "question": ["who?"],
+                                            "answers": [{"text": ["cat"], "answer_start": [2]}]})
+        return datasets.DatasetDict(train=split, validation=split)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("distill.hub.hub_unreachable", lambda *args, **kwargs: None)
+    hub = load_task_data(TaskConfig(name="squad", source="hub"))
+    assert hub["dev"].column_names == ["question", "context", "label"]
+    assert hub["dev"][0]["label"] == {"text": ["cat"], "answer_start": [2]}
+
+
+def test_a_long_context_becomes_overlapping_features_and_the_answer_is_found_in_the_one_that_holds_it(tiny_tokenizer):
+    import datasets
+
+    context = PARAGRAPHS[0][0]  # 14 words, one piece each
+    rows = datasets.Dataset.from_dict({"question": ["what was the cast ?"], "context": [context],
+                                       "label": [{"text": ["great"], "answer_start": [GREAT]}]})
+    features = tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=4)
+    assert len(features) > 1  # 6 question pieces + 3 specials leave 7 context pieces a window
+    holding = 0
+    for feature in features:
+        ids, label = feature["input_ids"], feature["labels"]
+        assert len(ids) <= 16 and label["example"] == 0 and label["answers"] == ["great"]
+        context_pieces = [k for k, span in enumerate(label["offsets"]) if tuple(span) != NO_SPAN]
+        assert [k for k, m in enumerate(feature["context_mask"]) if m] == [0, *context_pieces]  # [CLS] + context
+        for k in context_pieces:  # offsets point at the piece's characters
+            start, end = label["offsets"][k]
+            assert tiny_tokenizer.convert_ids_to_tokens(ids[k]) == context[start:end]
+        start, end = feature["start_positions"], feature["end_positions"]
+        if start == 0:
+            assert end == 0
+        else:
+            holding += 1
+            assert tiny_tokenizer.decode(ids[start:end + 1]) == "great"
+    assert holding >= 1
+    windows = [[tuple(s) for s in f["labels"]["offsets"] if tuple(s) != NO_SPAN] for f in features]
+    assert set(windows[0]) & set(windows[1])  # consecutive windows overlap
+
+
+def test_a_stride_that_leaves_no_room_for_the_context_is_one_clear_error(tiny_tokenizer):
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"question": ["what was the cast ?"], "context": [PARAGRAPHS[0][0]],
+                                       "label": [{"text": ["great"], "answer_start": [GREAT]}]})
+    with pytest.raises(DataError, match=r"a question of 5 pieces leaves 8 of max_seq_length 16 .* doc_stride 12"):
+        tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=12)
+
+
+def test_the_span_loss_is_soft_cross_entropy_over_the_context_for_start_and_end():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 2), torch.randn(2, 5, 2)
+    mask = torch.tensor([[1, 0, 1, 1, 0], [1, 0, 0, 1, 1]])
+    expected = 0.0
+    for b in range(2):
+        keep = mask[b].bool()
+        for k in range(2):
+            p = torch.softmax(teacher[b, keep, k] / 2.0, dim=0)
+            expected += -(p * torch.log_softmax(student[b, keep, k] / 2.0, dim=0)).sum() / 4
+    loss = span_soft_cross_entropy(student, teacher, mask, temperature=2.0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    moved_s, moved_t = student.clone(), teacher.clone()
+    moved_s[mask == 0] += 100.0
+    moved_t[mask == 0] -= 50.0
+    assert span_soft_cross_entropy(moved_s, moved_t, mask, 2.0).item() == pytest.approx(loss.item(), rel=1e-6)
+    student.requires_grad_(True)
+    span_soft_cross_entropy(student, teacher, mask, 1.0).backward()
+    assert torch.all(student.grad[mask == 0] == 0) and torch.all(student.grad[mask == 1] != 0)
+    # The hard term: cross-entropy of the gold positions over the same positions.
+    hard = span_cross_entropy(teacher, torch.tensor([2, 3]), torch.tensor([3, 4]), mask)
+    manual = sum(-torch.log_softmax(teacher[b, mask[b].bool(), k], 0)[i] for b, k, i in
+                 ((0, 0, 1), (0, 1, 2), (1, 0, 1), (1, 1, 2))) / 4
+    assert hard.item() == pytest.approx(manual.item(), rel=1e-6)
+
+
+def test_the_task_types_prediction_loss_reads_the_batchs_context_mask_and_positions():
+    kind = get_task_type("question_answering")
+    student, teacher = torch.randn(1, 4, 2), torch.randn(1, 4, 2)
+    batch = {"context_mask": torch.tensor([[1, 0, 1, 1]]), "start_positions": torch.tensor([2]),
+             "end_positions": torch.tensor([3])}
+    plain = kind.prediction_loss(student, teacher, None, temperature=2.0, temperature_squared=True,
+                                 hard_label_weight=0.0, regression=False, batch=batch)
+    assert plain.item() == pytest.approx(4 * span_soft_cross_entropy(student, teacher, batch["context_mask"], 2.0))
+    with_hard = kind.prediction_loss(student, teacher, None, temperature=1.0, temperature_squared=False,
+                                     hard_label_weight=0.5, regression=False, batch=batch)
+    expected = span_soft_cross_entropy(student, teacher, batch["context_mask"]) + 0.5 * span_cross_entropy(
+        student, batch["start_positions"], batch["end_positions"], batch["context_mask"])
+    assert with_hard.item() == pytest.approx(expected.item())
+    with pytest.raises(ValueError, match="context_mask"):
+        kind.prediction_loss(student, teacher, None, temperature=1.0, temperature_squared=False,
+                             hard_label_weight=0.0, regression=False, batch={})
+
+
+def test_the_best_span_is_valid_ordered_short_and_inside_the_context():
+    offsets = [list(NO_SPAN), [0, 3], [4, 9], [10, 12], list(NO_SPAN)]
+    logits = np.array([[9, 9], [1, 0], [0, 5], [3, 1], [8, 8]], dtype=np.float32)
+    # [CLS] and the last piece (outside the context) score highest but are never chosen; end 1 < start 3 neither.
+    assert best_span(logits, offsets) == (1.0 + 5.0, 0, 9)
+    assert best_span(logits, offsets, max_answer_length=1) == (0.0 + 5.0, 4, 9)  # one piece: start = end
+    assert best_span(logits, [list(NO_SPAN)] * 5) is None
+
+
+def test_squad_scores_are_the_official_scripts():
+    """Cases worked by hand with the official v1.1 rules: normalised text (case, punctuation, articles, spaces),
+    token-overlap F1, the maximum over the gold answers."""
+    def score(prediction: str, gold: list[str]) -> dict:
+        context = prediction + " |"
+        logits = np.full((3, 2), -5.0, dtype=np.float32)
+        logits[1] = 5.0
+        label = {"example": 0, "offsets": [list(NO_SPAN), [0, len(prediction)], list(NO_SPAN)], "context": context,
+                 "answers": gold}
+        return squad_metrics([logits], [label])
+
+    assert score("The Denver Broncos!", ["Denver Broncos"]) == {"f1": 1.0, "exact_match": 1.0}
+    partial = score("Denver Broncos won", ["Denver Broncos"])  # precision 2/3, recall 1
+    assert partial["exact_match"] == 0.0 and partial["f1"] == pytest.approx(0.8)
+    best_of = score("Denver Broncos won", ["Carolina", "broncos won"])  # the best gold: precision 2/3, recall 1
+    assert best_of["f1"] == pytest.approx(0.8)
+    assert score("Carolina", ["Denver Broncos"]) == {"f1": 0.0, "exact_match": 0.0}
+
+
+def test_a_question_is_answered_from_its_best_feature_and_gold_logits_score_full_marks(tiny_tokenizer):
+    import datasets
+
+    questions = [(context, q, a, s) for context, qas in PARAGRAPHS for q, a, s in qas]
+    rows = datasets.Dataset.from_dict({"question": [q for _, q, _, _ in questions],
+                                       "context": [c for c, _, _, _ in questions],
+                                       "label": [{"text": [a], "answer_start": [s]} for _, _, a, s in questions]})
+    features = tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=4)
+    gold = []
+    for feature in features:
+        logits = np.full((len(feature["input_ids"]), 2), -3.0, dtype=np.float32)
+        logits[feature["start_positions"], 0] = logits[feature["end_positions"], 1] = 3.0  # [CLS] where absent
+        gold.append(logits)
+    assert squad_metrics(gold, features["labels"]) == {"f1": 1.0, "exact_match": 1.0}
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_collator_pads_masks_and_teacher_logits_and_moves_positions_with_left_padding(tiny_tokenizer, side):
+    tiny_tokenizer.padding_side = side
+    features = [{"input_ids": [2, 5, 3], "attention_mask": [1, 1, 1], "start_positions": 1, "end_positions": 1,
+                 "context_mask": [1, 1, 0], "teacher_logits": [[1.0, 2.0]] * 3},
+                {"input_ids": [2, 5, 6, 7, 3], "attention_mask": [1] * 5, "start_positions": 2, "end_positions": 3,
+                 "context_mask": [1, 0, 1, 1, 0], "teacher_logits": [[3.0, 4.0]] * 5}]
+    batch = QuestionAnsweringCollator(tiny_tokenizer)(features)
+    assert batch["input_ids"].shape == (2, 5) and batch["teacher_logits"].shape == (2, 5, 2)
+    if side == "right":
+        assert batch["context_mask"][0].tolist() == [1, 1, 0, 0, 0] and batch["start_positions"].tolist() == [1, 2]
+    else:
+        assert batch["context_mask"][0].tolist() == [0, 0, 1, 1, 0] and batch["start_positions"].tolist() == [3, 2]
+        assert batch["input_ids"][0, batch["start_positions"][0]] == 5  # still the same piece
+    assert batch["teacher_logits"][0].sum() == 9.0  # the padding is zeros
+
+
+def test_augmentation_is_refused_for_question_answering(tmp_path):
+    from distill.preflight import preflight
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"task": {"name": "squad"}, "augment": {"enabled": True}}))
+    with pytest.raises(ConfigError, match=r"augment.enabled: .*\(answers and their offsets\)"):
+        preflight(load_config(str(path)))
+
+
+def tiny_qa_teacher() -> BertForQuestionAnswering:
+    torch.manual_seed(0)
+    return BertForQuestionAnswering(tiny_bert_config(num_labels=2)).eval()
+
+
+def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp_path, tiny_tokenizer):
+    """The whole job on a tiny QA teacher and SQuAD files: every stage, a student with the teacher's QA head, the
+    teacher's start/end logits cached per feature, a card with the question-answering tag, ONNX files that pick the
+    same spans as PyTorch, and the reader answering from both."""
+    from distill.pipeline import run_pipeline
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_squad(data / "train.json", PARAGRAPHS * 3)
+    write_squad(data / "dev.json")
+    teacher = tmp_path / "teacher_model"
+    tiny_qa_teacher().save_pretrained(teacher)
+    tiny_tokenizer.save_pretrained(teacher)
+    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
+    config = {"output_dir": str(tmp_path / "run"),
+              "task": {"name": "qa", "task_type": "question_answering", "train_file": str(data / "train.json"),
+                       "dev_file": str(data / "dev.json"), "max_seq_length": 16},
+              "teacher": {"model": str(teacher), "min_dev_metric": -1.0},
+              "augment": {"enabled": False},
+              "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                          "num_attention_heads": 4, "init": "teacher"},
+              "distill": {"intermediate": steps, "prediction": steps},
+              "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
+              "general": {"enabled": False}, "export": {"onnx": True, "int8": False}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    report = run_pipeline(load_config(str(path)))
+    out = tmp_path / "run"
+    assert set(report["models"]["student"]["dev"]) == {"f1", "exact_match"}
+    student = out / "student"
+    assert json.loads((student / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
+    features = json.loads((out / "teacher_logits" / "stage.json").read_text())["num_rows"]
+    assert features > 12  # 12 questions, several features each at 16 pieces
+    card = (student / "README.md").read_text()
+    assert "pipeline_tag: question-answering" in card and "QuestionAnswerer(" in card
+    export = json.loads((student / "onnx" / "export.json").read_text())
+    assert export["files"]["model.onnx"]["same_prediction"] == 1.0
+    assert export["files"]["model.onnx"]["max_abs_logit_difference"] < 1e-3
+    question, context = "what was the cast ?", PARAGRAPHS[0][0]
+    from_pytorch = QuestionAnswerer(student, max_seq_length=16)(question, context)
+    from_onnx = QuestionAnswerer(student / "onnx" / "model.onnx", max_seq_length=16)(question, context)
+    assert from_pytorch["answer"] == context[from_pytorch["start"]:from_pytorch["end"]] != ""
+    assert (from_onnx["start"], from_onnx["end"]) == (from_pytorch["start"], from_pytorch["end"])
+    assert 0.0 < from_pytorch["score"] <= 1.0
+
+
+def test_predict_gives_start_and_end_logits_per_feature(tiny_tokenizer):
+    import datasets
+
+    model = tiny_qa_teacher()
+    rows = datasets.Dataset.from_dict({"question": ["what was the cast ?"], "context": [PARAGRAPHS[0][0]],
+                                       "label": [{"text": ["great"], "answer_start": [GREAT]}]})
+    features = tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=4)
+    logits = predict(model, features, tiny_tokenizer, device="cpu")
+    assert len(logits) == len(features) and logits[0].shape == (len(features[0]["input_ids"]), 2)
+    alone = model(input_ids=torch.tensor([features[1]["input_ids"]]),
+                  token_type_ids=torch.tensor([features[1]["token_type_ids"]]))
+    np.testing.assert_allclose(logits[1][:, 0], alone.start_logits[0].detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(logits[1][:, 1], alone.end_logits[0].detach().numpy(), atol=1e-5)
