@@ -26,8 +26,8 @@ from distill.config import shipped_configs
 DEFAULT_CONFIG = shipped_configs() / "sst2_minilm.yaml"
 SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
 CONFIG_HELP = "YAML config: a file, or the name of a shipped config (configs/NAME.yaml or NAME.yaml: "
-PIPELINE_CONFIGS = "sst2_minilm.yaml; a GLUE pair or regression task (mrpc, stsb, ...) without --config: " \
-    "pair_minilm.yaml"
+PIPELINE_CONFIGS = "sst2_minilm.yaml; without --config, a GLUE pair or regression task (mrpc, stsb, ...): " \
+    "pair_minilm.yaml, a token classification task (wnut_17, conll2003): ner_minilm.yaml, squad: squad_minilm.yaml"
 
 
 def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bool = True) -> None:
@@ -35,7 +35,8 @@ def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bo
     if output_dir:
         parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
-    parser.add_argument("--data-dir", help="GLUE-format folder with train.tsv and dev.tsv (overrides task.data_dir)")
+    parser.add_argument("--data-dir", help="the task's data folder: GLUE TSV files (train.tsv, dev.tsv), CoNLL files "
+                        "(wnut_17, conll2003) or SQuAD JSON files (squad) (overrides task.data_dir)")
     _set_flag(parser)
 
 
@@ -97,7 +98,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
     _common(pipeline, PIPELINE_CONFIGS)
-    pipeline.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune")
+    pipeline.add_argument("--teacher", help="fine-tuned model with the task's head (hub name or folder); default: "
+                          "fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
                           "`distill --stage general` (overrides student.model)")
     pipeline.add_argument("--dry-run", action="store_true", help="print the resolved config and what each stage "
@@ -124,7 +126,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
                        "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed; OUTPUT_DIR defaults to the "
                        "config's output_dir + '_seeds')")
-    seeds.add_argument("--teacher", help="fine-tuned sequence classifier (hub name or folder); default: fine-tune one "
+    seeds.add_argument("--teacher", help="fine-tuned model with the task's head (hub name or folder); default: fine-tune one "
                        "per seed")
     seeds.add_argument("--student", help="start every student from this checkpoint (overrides student.model)")
 

@@ -98,8 +98,9 @@ def test_each_command_says_its_own_default_config(capsys):
         with pytest.raises(SystemExit):
             run_distill.parse_args([command, "--help"])
         helps[command] = " ".join(capsys.readouterr().out.split())
-    assert "default: sst2_minilm.yaml; a GLUE pair or regression task" in helps["pipeline"]
-    assert "default: sst2_minilm.yaml; a GLUE pair or regression task" in helps["seeds"]
+    for command in ("pipeline", "seeds"):
+        assert "default: sst2_minilm.yaml; without --config, a GLUE pair or regression task" in helps[command]
+        assert "ner_minilm.yaml" in helps[command] and "squad: squad_minilm.yaml" in helps[command]
     assert "default: sweep_sst2.yaml" in helps["sweep"]
     assert "default: the config.json of the pipeline output folder that --student names" in helps["export"]
     assert "default: none, the built-in defaults" in helps["augment"] and "default: none" in helps["adapt-mlm"]
@@ -147,13 +148,13 @@ def test_dir_and_help_list_the_api():
 
     import distill
 
-    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 19
+    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 20
     assert {"resolve_model", "ModelLossObjective", "run_pipeline"} <= set(dir(distill))
     text = pydoc.render_doc(distill, renderer=pydoc.plaintext)
     functions = text.split("FUNCTIONS", 1)[1]
     for name in ("run_pipeline(", "load_config(", "build_student(", "train(", "evaluate_task("):
         assert name in functions, name
-    assert "class DistillationObjective" in text and "class StudentConfig" in text
+    assert "class DistillationObjective" in text and "class StudentConfig" in text and "class QuestionAnswerer" in text
 
 
 @contextmanager
