@@ -99,6 +99,9 @@ class TaskConfig:
     data_dir: str | None = None  # GLUE-format TSV folder; None: the bundled sample (sst2) or the hub
     source: str = "auto"  # "auto" (data_dir, else bundled, else hub), "local", "bundled" or "hub"
     max_train_examples: int | None = None  # use the first N training examples (None: all)
+    # On a CPU, use at most this many (the budget rule of a task whose whole training set is hours of CPU, e.g. SQuAD);
+    # on an accelerator max_train_examples alone applies. None: no CPU cap.
+    max_train_examples_cpu: int | None = None
     max_eval_examples: int | None = None  # use the first N dev examples (None: all)
     max_seq_length: int = 64  # tokens per example after truncation
     # A task of your own files (used when train_file is set; name is then any name you like):
@@ -127,7 +130,7 @@ class TaskConfig:
             f"must be auto, local, bundled or hub, got {self.source!r}",
         )
         _check(self.max_seq_length >= 8, "max_seq_length", f"must be >= 8, got {self.max_seq_length}")
-        for name in ("max_train_examples", "max_eval_examples"):
+        for name in ("max_train_examples", "max_eval_examples", "max_train_examples_cpu"):
             value = getattr(self, name)
             _check(value is None or value > 0, name, f"must be > 0 or null, got {value}")
 
@@ -564,7 +567,8 @@ def to_dict(config: Any) -> dict:
 # Settings added after run ids were in use, with the value that means the behaviour from before them: at that value
 # they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
 # name at any depth: a name here must not be used by another config field.
-ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False}
+ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
+                  "max_train_examples_cpu": None}
 
 
 def _without_added_defaults(value: Any) -> Any:

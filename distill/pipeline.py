@@ -41,7 +41,7 @@ from distill.checkpoint import (
     stage_status,
     write_json_atomic,
 )
-from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict
+from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict, with_overrides
 from distill.data import DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
@@ -538,11 +538,26 @@ def run_pipeline(config: PipelineConfig, device: torch.device | None = None, com
         FolderInUseError: another process is running a job in ``output_dir``; and whatever a stage raises
             (ConfigError, DataError, ModelError, ...), finished stages kept.
     """
-    preflight(config)
     device = device if device is not None else run_device()
+    config = for_device(config, device)
+    preflight(config)
     logger.info("device: %s", device)
     with output_lock(Path(config.output_dir), command):
         return _pipeline(config, device, command)
+
+
+def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
+    """``config`` with the budget rules that depend on where the job runs resolved, so that run ids and the saved
+    config say what runs: on a CPU, ``task.max_train_examples_cpu`` caps ``task.max_train_examples``; on an
+    accelerator it is dropped (the whole training set, or ``max_train_examples``)."""
+    cap = config.task.max_train_examples_cpu
+    if cap is None:
+        return config
+    limit = config.task.max_train_examples
+    if device.type == "cpu":
+        limit = cap if limit is None else min(limit, cap)
+        logger.info("task.max_train_examples_cpu: the first %d training examples on the CPU", limit)
+    return with_overrides(config, {"task.max_train_examples": limit, "task.max_train_examples_cpu": None})
 
 
 def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:
@@ -570,6 +585,7 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     Raises:
         ConfigError, ModelError: what :func:`distill.preflight.preflight` refuses before any stage.
     """
+    config = for_device(config, run_device())
     preflight(config)
     out = Path(config.output_dir)
     rows: list[dict] = []

@@ -300,3 +300,21 @@ def test_predict_gives_start_and_end_logits_per_feature(tiny_tokenizer):
                   token_type_ids=torch.tensor([features[1]["token_type_ids"]]))
     np.testing.assert_allclose(logits[1][:, 0], alone.start_logits[0].detach().numpy(), atol=1e-5)
     np.testing.assert_allclose(logits[1][:, 1], alone.end_logits[0].detach().numpy(), atol=1e-5)
+
+
+def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids_say_so():
+    from distill.config import with_overrides
+    from distill.pipeline import for_device
+    from distill.stages import STAGES
+
+    shipped = load_config(str(Path(__file__).resolve().parents[1] / "configs" / "squad_minilm.yaml"))
+    assert shipped.task.max_train_examples_cpu == 8000 and shipped.task.max_train_examples is None
+    on_cpu = for_device(shipped, torch.device("cpu"))
+    on_gpu = for_device(shipped, torch.device("cuda"))
+    assert (on_cpu.task.max_train_examples, on_cpu.task.max_train_examples_cpu) == (8000, None)
+    assert (on_gpu.task.max_train_examples, on_gpu.task.max_train_examples_cpu) == (None, None)
+    smaller = for_device(with_overrides(shipped, {"task.max_train_examples": 500}), torch.device("cpu"))
+    assert smaller.task.max_train_examples == 500  # the cap never raises an explicit limit
+    teacher = STAGES["teacher"]
+    written_out = with_overrides(shipped, {"task.max_train_examples": 8000, "task.max_train_examples_cpu": None})
+    assert teacher.run_id(on_cpu, {}) == teacher.run_id(written_out, {}) != teacher.run_id(on_gpu, {})
