@@ -5,7 +5,10 @@ Setting (TinyBERT's task distillation, Jiao et al., 2020): a BERT-base teacher (
 fine-tuned 3 epochs; every training example augmented with N = 20 copies (p = 0.4, K = 15, a BERT-base masked LM);
 the 4-layer/312 student (FFN 1200) trained 10 epochs of the intermediate step and 3 of the prediction step on the
 augmented set, batch 32; teacher logits cached once. General distillation is left out (a one-time cost per teacher
-and student shape, not per task).
+and student shape, not per task). SQuAD v1.1 (extractive QA) is planned without augmentation, as the paper ran it:
+the teacher fine-tuned 2 epochs (BERT's SQuAD recipe), then the same 10 + 3 epochs of the two steps over the training
+features (a question and its context cut to 384 pieces, windows sharing 128, as ``configs/squad_minilm.yaml`` cuts
+them at its own length).
 
 What is measured here, and what is assumed:
 - rows and tokens: SST-2 from the full GLUE train set (../shared/data/glue/SST-2), tokenized with the uncased WordPiece
@@ -24,6 +27,7 @@ What is measured here, and what is assumed:
   steps. Not measured: no GPU was available.
 
 Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-peak-tflops 312] [--gpu-utilization 0.3]
+       python bench/fullsize_plan.py --cpu-gflops 225.6 --copies-per-example 14.9   (the throughput as measured before)
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DATA = ROOT.parent / "shared" / "data" / "glue"
+QA_DATA = ROOT.parent / "shared" / "data" / "qa" / "squad-v1.1"
 TEACHER = {"layers": 12, "hidden": 768, "ffn": 3072}  # BERT-base
 STUDENT = {"layers": 4, "hidden": 312, "ffn": 1200}  # TinyBERT-4
 MASKED_LM_HEAD = 2 * 768 * 30522  # FLOPs of the MLM head at the one masked position of a row
@@ -89,19 +94,34 @@ def measure(tokenizer, stopwords: frozenset[str]) -> dict:
                  "single_piece_words": single / len(sample)},
         "mnli": {"rows": 392_702, "tokens": statistics.mean(stsb_lengths), "padded": padded_tokens(stsb_lengths),
                  "single_piece_words": 2 * single / len(sample)},  # two texts a pair
+        "squad": squad_features(tokenizer),
     }
+
+
+def squad_features(tokenizer, max_seq_length: int = 384, doc_stride: int = 128) -> dict:
+    """Features of the SQuAD v1.1 training questions (../shared/data/qa/squad-v1.1) as the QA task type cuts them:
+    rows are features, tokens their pieces; no augmentation (``single_piece_words`` 0)."""
+    from distill.tasks.question_answering import read_squad
+
+    rows = read_squad(QA_DATA / "train.json")
+    encoded = tokenizer([q.lstrip() for q in rows["question"]], list(rows["context"]), truncation="only_second",
+                        max_length=max_seq_length, stride=doc_stride, return_overflowing_tokens=True)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    return {"rows": len(lengths), "questions": len(rows), "tokens": statistics.mean(lengths),
+            "padded": padded_tokens(lengths), "single_piece_words": 0.0, "teacher_epochs": 2, "augment": False}
 
 
 def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flops_per_s: float,
          augment_flops_per_s: float) -> list[dict]:
     """Rows, tokens, FLOPs and time of each stage of the full-size job for one task."""
     rows, padded = task["rows"], task["padded"]
-    augmented = rows * (1 + copies_per_example)
+    augmented = rows * (1 + copies_per_example) if task.get("augment", True) else rows
     teacher_forward, student_forward = forward_flops(TEACHER, padded), forward_flops(STUDENT, padded)
     # Augmentation: one masked-LM row per single-piece word, the masked text and the original as a pair (2T tokens).
     mlm_rows = rows * task["single_piece_words"]
+    epochs = task.get("teacher_epochs", EPOCHS["teacher"])
     stages = [
-        ("teacher fine-tuning", rows * EPOCHS["teacher"], 3 * teacher_forward * rows * EPOCHS["teacher"], 0.0),
+        ("teacher fine-tuning", rows * epochs, 3 * teacher_forward * rows * epochs, 0.0),
         ("augmentation (masked LM)", mlm_rows, mlm_rows * (forward_flops(TEACHER, 2 * task["tokens"]) + MASKED_LM_HEAD),
          0.0),
         ("intermediate step", augmented * EPOCHS["intermediate"], augmented * EPOCHS["intermediate"] * teacher_forward,
@@ -121,7 +141,8 @@ def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flop
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--measured", required=True, help="saved output of bench/distill_throughput.py --teacher mpnet")
+    parser.add_argument("--measured", help="saved output of bench/distill_throughput.py --teacher mpnet")
+    parser.add_argument("--cpu-gflops", type=float, help="this CPU's distillation throughput, instead of --measured")
     parser.add_argument("--gpu-peak-tflops", type=float, default=312.0)
     parser.add_argument("--gpu-utilization", type=float, default=0.3)
     parser.add_argument("--augment-gflops", type=float, default=110.0,
@@ -132,25 +153,33 @@ def main() -> None:
     from augment.augmenter import load_stopwords
     from teachers.models import load_tokenizer
 
-    bench = next(json.loads(line) for line in reversed(Path(args.measured).read_text().splitlines())
-                 if line.startswith("{"))
-    step_flops = forward_flops(TEACHER, bench["seq_length"]) * bench["batch_size"] + \
-        3 * forward_flops(STUDENT, bench["seq_length"]) * bench["batch_size"]
-    cpu = step_flops / (bench["ms"]["distillation"] / 1000)
+    if (args.measured is None) == (args.cpu_gflops is None):
+        parser.error("give one of --measured and --cpu-gflops")
+    if args.measured:
+        bench = next(json.loads(line) for line in reversed(Path(args.measured).read_text().splitlines())
+                     if line.startswith("{"))
+        step_flops = forward_flops(TEACHER, bench["seq_length"]) * bench["batch_size"] + \
+            3 * forward_flops(STUDENT, bench["seq_length"]) * bench["batch_size"]
+        cpu = step_flops / (bench["ms"]["distillation"] / 1000)
+        source = (f"{bench['num_threads']} threads; {bench['ms']['distillation']:.0f} ms for "
+                  f"{step_flops / 1e12:.2f} TFLOP")
+    else:
+        cpu, source = args.cpu_gflops * 1e9, "given"
     gpu = args.gpu_peak_tflops * 1e12 * args.gpu_utilization
     copies = args.copies_per_example
     if copies is None:
         record = json.loads((ROOT / "runs" / "sst2_mpnet" / "augmented" / "stage.json").read_text())
         copies = record["num_augmented"] / 1000
     measured = measure(load_tokenizer("minilm"), load_stopwords())
-    print(f"this CPU: {cpu / 1e9:.1f} GFLOP/s sustained in a distillation step ({bench['num_threads']} threads; "
-          f"{bench['ms']['distillation']:.0f} ms for {step_flops / 1e12:.2f} TFLOP); GPU: {args.gpu_peak_tflops:g} "
+    print(f"this CPU: {cpu / 1e9:.1f} GFLOP/s sustained in a distillation step ({source}); GPU: {args.gpu_peak_tflops:g} "
           f"TFLOP/s peak at {args.gpu_utilization:.0%} = {gpu / 1e12:.0f} TFLOP/s; {copies:.1f} augmented copies kept "
           "per example")
     result = {"cpu_gflops": cpu / 1e9, "gpu_tflops": gpu / 1e12, "copies_per_example": copies, "tasks": {}}
-    for task in ("sst2", "mnli"):
+    for task in ("sst2", "mnli", "squad"):
         stats = measured[task]
-        print(f"\n{task}: {stats['rows']:,} training examples, {stats['tokens']:.1f} tokens each on average, "
+        what = (f"{stats['rows']:,} features of {stats['questions']:,} questions" if "questions" in stats else
+                f"{stats['rows']:,} training examples")
+        print(f"\n{task}: {what}, {stats['tokens']:.1f} tokens each on average, "
               f"{stats['padded']:.1f} per padded row, {stats['single_piece_words']:.1f} single-piece words each")
         print(f"{'stage':30s} {'sequences':>12s} {'tokens':>10s} {'teacher PFLOP':>14s} {'student PFLOP':>14s} "
               f"{'CPU hours':>10s} {'GPU hours':>10s}")
