@@ -169,8 +169,8 @@ def sequence_user_spec(config: TaskConfig) -> TaskSpec:
                                        ("accuracy", "f1") if len(label_names) == 2 else ("accuracy",)))
     other = [m for m in metrics if m not in SEQUENCE_METRICS]
     if other:
-        raise DataError(f"task.metrics: {other} score token classification; a sequence task takes "
-                        f"{', '.join(SEQUENCE_METRICS)}")
+        raise DataError(f"task.metrics: {other} score other task types (token classification, question "
+                        f"answering); a sequence task takes {', '.join(SEQUENCE_METRICS)}")
     return TaskSpec(config.name, tuple(config.text_columns), config.label_column, label_names, metrics, hub=None,
                     dev_file=config.dev_file or "", train_file=config.train_file)
 

@@ -30,11 +30,15 @@ class ModelLossObjective(nn.Module):
         super().__init__()
         self.trainable = nn.ModuleDict({"model": model})
         self.name = name
-        # The batch entries the model takes (a task's collator may add others, e.g. QA's context_mask).
-        self.accepts = frozenset(inspect.signature(model.forward).parameters)
+        # The batch entries the model takes (a task's collator may add others, e.g. QA's context_mask); a forward
+        # that takes **kwargs (a wrapper) gets the whole batch.
+        parameters = inspect.signature(model.forward).parameters.values()
+        self.accepts = None if any(p.kind is p.VAR_KEYWORD for p in parameters) else \
+            frozenset(p.name for p in parameters)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss = self.trainable["model"](**{k: v for k, v in batch.items() if k in self.accepts}).loss
+        inputs = batch if self.accepts is None else {k: v for k, v in batch.items() if k in self.accepts}
+        loss = self.trainable["model"](**inputs).loss
         return loss, {self.name: loss.detach()}
 
 

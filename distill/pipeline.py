@@ -474,12 +474,13 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
 
     if not config.sweep:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
+    device = device if device is not None else run_device()
+    config = for_device(config, device)
     entries = {}
     for entry in config.sweep:
         distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
         entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
         preflight(entries[entry.name])
-    device = device if device is not None else run_device()
     with output_lock(Path(config.output_dir)):
         return _sweep(config, entries, device)
 

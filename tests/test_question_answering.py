@@ -109,6 +109,11 @@ def test_a_long_context_becomes_overlapping_features_and_the_answer_is_found_in_
             holding += 1
             assert tiny_tokenizer.decode(ids[start:end + 1]) == "great"
     assert holding >= 1
+    answer = (GREAT, GREAT + len("great"))
+    for feature in features:  # every window that holds the whole answer is labelled with it, no other
+        spans = [tuple(span) for span in feature["labels"]["offsets"] if tuple(span) != NO_SPAN]
+        holds = spans[0][0] <= answer[0] and spans[-1][1] >= answer[1]
+        assert (feature["start_positions"] != 0) == holds
     windows = [[tuple(s) for s in f["labels"]["offsets"] if tuple(s) != NO_SPAN] for f in features]
     assert set(windows[0]) & set(windows[1])  # consecutive windows overlap
 
@@ -175,6 +180,14 @@ def test_the_best_span_is_valid_ordered_short_and_inside_the_context():
     assert best_span(logits, [list(NO_SPAN)] * 5) is None
 
 
+def test_positions_outside_the_context_never_crowd_it_out_of_the_n_best():
+    """The span loss leaves the question's logits free: 25 question pieces scoring above every context piece must not
+    fill the 20 best starts and ends."""
+    offsets = [list(NO_SPAN)] * 25 + [[k, k + 1] for k in range(13)]
+    logits = np.concatenate([np.full((25, 2), 5.0), np.linspace(1.0, 0.0, 13)[:, None].repeat(2, 1)]).astype("f4")
+    assert best_span(logits, offsets, n_best=20) == (2.0, 0, 1)
+
+
 def test_squad_scores_are_the_official_scripts():
     """Cases worked by hand with the official v1.1 rules: normalised text (case, punctuation, articles, spaces),
     token-overlap F1, the maximum over the gold answers."""
@@ -192,6 +205,8 @@ def test_squad_scores_are_the_official_scripts():
     best_of = score("Denver Broncos won", ["Carolina", "broncos won"])  # the best gold: precision 2/3, recall 1
     assert best_of["f1"] == pytest.approx(0.8)
     assert score("Carolina", ["Denver Broncos"]) == {"f1": 0.0, "exact_match": 0.0}
+    # The one known difference from the v1.1 script (documented): both sides normalise to nothing, F1 1 (v1.1: 0).
+    assert score("a", ["the"]) == {"f1": 1.0, "exact_match": 1.0}
 
 
 def test_a_question_is_answered_from_its_best_feature_and_gold_logits_score_full_marks(tiny_tokenizer):
@@ -221,10 +236,13 @@ def test_the_collator_pads_masks_and_teacher_logits_and_moves_positions_with_lef
     assert batch["input_ids"].shape == (2, 5) and batch["teacher_logits"].shape == (2, 5, 2)
     if side == "right":
         assert batch["context_mask"][0].tolist() == [1, 1, 0, 0, 0] and batch["start_positions"].tolist() == [1, 2]
+        assert batch["teacher_logits"][0, :, 0].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
     else:
         assert batch["context_mask"][0].tolist() == [0, 0, 1, 1, 0] and batch["start_positions"].tolist() == [3, 2]
+        assert batch["end_positions"].tolist() == [3, 3]
         assert batch["input_ids"][0, batch["start_positions"][0]] == 5  # still the same piece
-    assert batch["teacher_logits"][0].sum() == 9.0  # the padding is zeros
+        assert batch["teacher_logits"][0, :, 0].tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert batch["teacher_logits"][1].sum() == 35.0  # the longest row is not padded
 
 
 def test_augmentation_is_refused_for_question_answering(tmp_path):
@@ -280,11 +298,13 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     assert export["files"]["model.onnx"]["same_prediction"] == 1.0
     assert export["files"]["model.onnx"]["max_abs_logit_difference"] < 1e-3
     question, context = "what was the cast ?", PARAGRAPHS[0][0]
-    from_pytorch = QuestionAnswerer(student, max_seq_length=16)(question, context)
-    from_onnx = QuestionAnswerer(student / "onnx" / "model.onnx", max_seq_length=16)(question, context)
-    assert from_pytorch["answer"] == context[from_pytorch["start"]:from_pytorch["end"]] != ""
+    reader, onnx_reader = QuestionAnswerer(student), QuestionAnswerer(student / "onnx" / "model.onnx")
+    assert reader.max_seq_length == onnx_reader.max_seq_length == 16  # the run's own feature length
+    from_pytorch, from_onnx = reader(question, context), onnx_reader(question, context)
+    assert from_pytorch["answer"] != ""  # a two-step student answers badly, but with a span of the context
     assert (from_onnx["start"], from_onnx["end"]) == (from_pytorch["start"], from_pytorch["end"])
     assert 0.0 < from_pytorch["score"] <= 1.0
+    assert reader([], []) == []
 
 
 def test_predict_gives_start_and_end_logits_per_feature(tiny_tokenizer):
@@ -318,3 +338,16 @@ def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids
     teacher = STAGES["teacher"]
     written_out = with_overrides(shipped, {"task.max_train_examples": 8000, "task.max_train_examples_cpu": None})
     assert teacher.run_id(on_cpu, {}) == teacher.run_id(written_out, {}) != teacher.run_id(on_gpu, {})
+
+
+def test_a_sweep_resolves_the_cpu_budget_rule_too(tmp_path, monkeypatch):
+    import distill.pipeline as pipeline
+
+    path = tmp_path / "sweep.yaml"
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "squad_minilm.yaml").read_text())
+    config.update(output_dir=str(tmp_path / "run"), sweep=[{"name": "half", "student": {"preset": "teacher-half"}}])
+    path.write_text(yaml.safe_dump(config))
+    seen = {}
+    monkeypatch.setattr(pipeline, "_sweep", lambda config, entries, device: seen.update(config=config, **entries))
+    pipeline.run_sweep(load_config(str(path)), device=torch.device("cpu"))
+    assert seen["config"].task.max_train_examples == seen["half"].task.max_train_examples == 8000

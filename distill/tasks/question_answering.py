@@ -213,7 +213,8 @@ def span_cross_entropy(student_logits: torch.Tensor, start_positions: torch.Tens
 
 def best_span(logits: np.ndarray, offsets: list, n_best: int = N_BEST, max_answer_length: int = MAX_ANSWER_LENGTH
               ) -> tuple[float, int, int] | None:
-    """The best valid answer span of one feature.
+    """The best valid answer span of one feature: the ``n_best`` highest starts and ends among the context's pieces,
+    an end not before its start, at most ``max_answer_length`` pieces, the highest start + end logit.
 
     Args:
         logits: (T_i, 2) start and end logits of the feature's pieces.
@@ -223,15 +224,17 @@ def best_span(logits: np.ndarray, offsets: list, n_best: int = N_BEST, max_answe
         (score = start logit + end logit, first character, last character + 1), or None when no span is valid.
     """
     logits = np.asarray(logits)
-    length = min(len(logits), len(offsets))
-    starts = np.argsort(logits[:length, 0])[::-1][:n_best]
-    ends = np.argsort(logits[:length, 1])[::-1][:n_best]
+    # The n best among the context's pieces only: the prediction loss leaves the other positions' logits free, so
+    # they may score anything and must not crowd the context out of the n best (run_qa.py ranks every position).
+    context = np.array([k for k in range(min(len(logits), len(offsets))) if tuple(offsets[k]) != NO_SPAN], dtype=int)
+    if context.size == 0:
+        return None
+    starts = context[np.argsort(logits[context, 0], kind="stable")[::-1][:n_best]]
+    ends = context[np.argsort(logits[context, 1], kind="stable")[::-1][:n_best]]
     best = None
     for s in starts:
-        if tuple(offsets[s]) == NO_SPAN:
-            continue
         for e in ends:
-            if e < s or e - s + 1 > max_answer_length or tuple(offsets[e]) == NO_SPAN:
+            if e < s or e - s + 1 > max_answer_length:
                 continue
             score = float(logits[s, 0] + logits[e, 1])
             if best is None or score > best[0]:
@@ -274,7 +277,9 @@ def _span_probability(logits: np.ndarray, offsets: list, span_logit: float) -> f
 
 def squad_metrics(outputs: list[np.ndarray], labels: list[dict]) -> dict[str, float]:
     """Exact match and F1 of the official SQuAD v1.1 script (``torchmetrics.functional.text.squad``), as fractions in
-    [0, 1] (the script prints them × 100).
+    [0, 1] (the script prints them × 100). One known difference: where prediction and gold both normalise to nothing
+    (a gold answer "the"), torchmetrics scores F1 1 (SQuAD 2.0's rule) and the v1.1 script 0; two of the 9,380 shared
+    dev questions have such a gold answer.
 
     Args:
         outputs: per feature (T_i, 2) start and end logits. labels: per feature, see :func:`tokenize_questions`.
@@ -354,25 +359,31 @@ class QuestionAnswerer:
         model: a checkpoint folder, an ``.onnx`` file (its folder holds the tokenizer, as a student's ``onnx/``
             does), or a loaded ``...ForQuestionAnswering`` model with ``tokenizer``.
         tokenizer: the model's tokenizer (default: the one saved beside it).
-        max_seq_length: pieces per feature (question, context window and special tokens).
+        max_seq_length: pieces per feature (question, context window and special tokens); default: the
+            ``task.max_seq_length`` of the pipeline run that made a student folder, else 384.
+        device: where a PyTorch model runs (default: where its weights are; ONNX files run on the CPU).
 
     Call with a question and a context (or lists of both); returns {"answer", "start", "end", "score"} (characters
     of the context, end exclusive; score as in :func:`answers`), or a list of them.
     """
 
-    def __init__(self, model, tokenizer=None, max_seq_length: int = 384):
+    def __init__(self, model, tokenizer=None, max_seq_length: int | None = None, device=None):
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
+        from distill.device import model_device
         from distill.export import OnnxClassifier
 
         if isinstance(model, (str, Path)):
             path = Path(model)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent if path.suffix == ".onnx" else path)
+            folder = path.parent if path.suffix == ".onnx" else path
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(folder)
+            max_seq_length = max_seq_length or _trained_length(folder)
             model = OnnxClassifier(path) if path.suffix == ".onnx" else \
                 AutoModelForQuestionAnswering.from_pretrained(path).eval()
         if tokenizer is None:
             raise ValueError("QuestionAnswerer: give the tokenizer of a model passed as an object")
-        self.model, self.tokenizer, self.max_seq_length = model, tokenizer, max_seq_length
+        self.model, self.tokenizer, self.max_seq_length = model, tokenizer, max_seq_length or 384
+        self.device = torch.device(device) if device is not None else (model_device(model) or torch.device("cpu"))
 
     def __call__(self, question: str | list[str], context: str | list[str]) -> dict | list[dict]:
         from distill.evaluate import predict
@@ -381,10 +392,23 @@ class QuestionAnswerer:
         questions, contexts = ([question], [context]) if single else (list(question), list(context))
         if len(questions) != len(contexts):
             raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
+        if not questions:
+            return []
         rows = datasets.Dataset.from_dict({"question": questions, "context": contexts,
                                            "label": [{"text": [""], "answer_start": [0]}] * len(questions)})
         features = tokenize_questions(rows, self.tokenizer, self.max_seq_length, doc_stride(self.max_seq_length))
-        outputs = predict(self.model, features, self.tokenizer, device="cpu")
+        outputs = predict(self.model, features, self.tokenizer, device=self.device)
         found = answers(outputs, features["labels"])
         results = [{k: v for k, v in found[i].items() if k != "gold"} for i in range(len(questions))]
         return results[0] if single else results
+
+
+def _trained_length(folder: Path) -> int | None:
+    """The ``task.max_seq_length`` of the pipeline run whose student (or its ``onnx/``) ``folder`` is, else None."""
+    from distill.export import pipeline_folder_of
+
+    for candidate in (folder, folder.parent):
+        run = pipeline_folder_of(candidate)
+        if run is not None:
+            return int(json.loads((run / "config.json").read_text(encoding="utf-8"))["task"]["max_seq_length"])
+    return None
