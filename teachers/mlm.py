@@ -67,7 +67,8 @@ def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str, *, device: torch.
     )
     masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=config.mlm_probability)
     objective = MaskedLMObjective(model)
-    train(objective, encoded, masking, config.train, stage_dir, run_id, "adapt-mlm", device=device)
+    # The masks are drawn from the global RNG, in order with dropout: collated in the training thread (no prefetch).
+    train(objective, encoded, masking, config.train, stage_dir, run_id, "adapt-mlm", device=device, prefetch=False)
     model.save_pretrained(stage_dir)
     tokenizer.save_pretrained(stage_dir)
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
