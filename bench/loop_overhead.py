@@ -5,13 +5,14 @@ SST-2 sample tokenized with the MiniLM tokenizer, for a teacher and student buil
 download): by default a tiny pair (teacher 4 layers of 128, student 2 of 64), the regime where host work dominates;
 ``--shape bert-base`` is a BERT-base-shaped teacher (12 layers, 768) and the TinyBERT 4-layer/312 student.
 
-- ``loop``: :func:`distill.trainer.train` as every stage runs it (batches collated from the dataset ahead of the
-  step by its prefetch thread, moved to the device, the loss checks, logging, the progress bar, the scheduler);
+- ``loop``: :func:`distill.trainer.train` as the distillation steps run it (batches collated from the dataset ahead
+  of the step by its prefetch thread, moved to the device, the loss checks, logging, the progress bar, the scheduler);
   ``loop_inline``: the same with collation in the training thread (``prefetch=False``), what the prefetch hides. Two runs of ``--warmup`` and ``--warmup`` +
   ``--steps`` steps in fresh folders; the per-step time is their difference over ``--steps``, so the set-up and the
   final checkpoint, which both runs pay, drop out.
 - ``model_work``: the same batches, collated beforehand and already on the device, through the same objective's
-  forward, backward and AdamW step in a bare ``for`` loop (no collation, no checks, no logging).
+  forward, backward, gradient clipping (as the loop's ``max_grad_norm``) and AdamW step in a bare ``for`` loop (no
+  collation, no checks, no logging; no fp16 loss scaling).
 
 Repeated ``--repeats`` times, interleaved; it prints each repeat and the medians, and ``ratio`` = loop / model work
 (the CPU target: at most 1.10), ``ratio_inline`` = loop_inline / model work.
@@ -89,13 +90,15 @@ def time_model_work(args, data, collate, vocab_size: int, device: torch.device) 
     indices = list(sampler)[: args.warmup + args.steps]
     batches = [{k: v.to(device) for k, v in collate([data[i] for i in batch]).items()} for batch in indices]
     target = objective(args, vocab_size).to(device).train()
-    optimizer = _optimizer(target.trainable, TrainConfig(learning_rate=1e-4), device)
+    config = TrainConfig(learning_rate=1e-4)
+    optimizer = _optimizer(target.trainable, config, fused=device.type == "cuda" and args.mixed_precision != "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.mixed_precision)
 
     def step(batch):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss, _ = target(batch)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(target.trainable.parameters(), config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

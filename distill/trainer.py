@@ -188,18 +188,19 @@ class Selection:
     eval_steps: int | None = None
 
 
-def _optimizer(trainable: nn.Module, config: TrainConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
-    """AdamW with weight decay on the matrices only (not biases and LayerNorm weights); on CUDA its fused kernel (one
-    launch for every parameter instead of several per tensor; the same update to rounding). Elsewhere the default
-    implementation, so CPU runs keep their exact numbers."""
+def _optimizer(trainable: nn.Module, config: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """AdamW with weight decay on the matrices only (not biases and LayerNorm weights); ``fused``: its fused kernel
+    (one launch for every parameter instead of several per tensor; the same update to rounding), which :func:`train`
+    asks for on CUDA without fp16 loss scaling (a fused AdamW skips an overflowed step inside its kernel, so accelerate
+    would not see the skip and the schedule would advance); elsewhere the default implementation, so CPU runs keep
+    their exact numbers."""
     decay, no_decay = [], []
     for name, parameter in trainable.named_parameters():
         if not parameter.requires_grad:
             continue
         (no_decay if parameter.ndim < 2 else decay).append(parameter)  # biases and LayerNorm weights
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = {"fused": True} if device is not None and device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=config.learning_rate, **fused)
+    return torch.optim.AdamW(groups, lr=config.learning_rate, **({"fused": True} if fused else {}))
 
 
 def total_steps(config: TrainConfig, num_examples: int, world_size: int = 1) -> int:
@@ -292,7 +293,8 @@ def train(
     trainable = objective.trainable
     # The accelerate optimizer applies fp16 loss scaling (and skips steps whose gradients overflowed). The scheduler
     # stays ours: total_steps already counts global batches.
-    optimizer = accelerator.prepare_optimizer(_optimizer(trainable, config, device))
+    fused = device.type == "cuda" and accelerator.scaler is None
+    optimizer = accelerator.prepare_optimizer(_optimizer(trainable, config, fused))
     scheduler = get_linear_schedule_with_warmup(optimizer.optimizer, int(config.warmup_ratio * steps), steps)
     # Under DDP the whole objective is wrapped, so its forward (student, teacher, losses) runs through the wrapper
     # and gradients are all-reduced; the frozen teacher inside has no gradients to reduce.
@@ -300,6 +302,9 @@ def train(
 
     state = TrainState()
     restored = load_latest_good_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler)
+    if restored is not None and not fused:
+        for group in optimizer.param_groups:  # a checkpoint of a fused GPU run resumed here: the default kernel
+            group["fused"] = None
     if restored is not None:
         checkpoint, saved = restored
         state = TrainState(**saved["state"])
@@ -399,7 +404,9 @@ def _loop(run: _Run) -> None:
     micro = 0
     while state.step < run.steps:
         for batch in run.data.epoch(state.epoch, state.batch_in_epoch):
-            batch = {k: v.to(run.device, non_blocking=True) for k, v in batch.items()}  # pinned on CUDA
+            # Pinned by the prefetch thread on CUDA, so the copy need not block; elsewhere (MPS) a non-blocking copy
+            # from unpinned memory may read it after it is freed.
+            batch = {k: v.to(run.device, non_blocking=run.device.type == "cuda") for k, v in batch.items()}
             micro += 1
             sync = micro % accumulate == 0  # the last micro-batch of an optimizer step all-reduces gradients
             with nullcontext() if sync or world == 1 else run.model.no_sync():
@@ -504,6 +511,8 @@ def prefetched(iterator, depth: int, pin: bool = False):
     """
     import queue
 
+    if depth < 1:
+        raise ValueError(f"prefetched: depth must be >= 1, got {depth}")
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import threading
 
 import datasets
 import pytest
@@ -180,18 +181,21 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_p
     reference = _distill_objective()
     train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
 
-    class _SignalAfter(_Pad):
-        def __call__(self, rows):
-            if self.calls == 3:  # while the fourth batch is made (ahead of its step, by the prefetch thread)
-                os.kill(os.getpid(), signal.SIGTERM)
-            return super().__call__(rows)
+    interrupted = _distill_objective()
+    forward, calls = interrupted.forward, []
 
-    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGTERM after step \d of 8; checkpoint written to "
-                                                  r".*step-00000\d. Re-run the same command") as stopped:
-        train(_distill_objective(), _data(), _SignalAfter(tiny_tokenizer), config, tmp_path / "b", "run")
-    step = int(str(stopped.value).split("after step ")[1].split(" ")[0])
-    assert 1 <= step <= 4 and (tmp_path / "b" / "checkpoints" / f"step-{step:06d}").is_dir()  # the step in progress
+    def signal_in_step_4(batch):
+        calls.append(1)
+        if len(calls) == 4:  # inside the fourth step's forward: that step finishes, then the loop stops
+            os.kill(os.getpid(), signal.SIGTERM)
+        return forward(batch)
+
+    interrupted.forward = signal_in_step_4
+    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGTERM after step 4 of 8; checkpoint written to "
+                                                  r".*step-000004. Re-run the same command"):
+        train(interrupted, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the loop's handler is gone again
+    assert not any(t.name == "batch-prefetch" for t in threading.enumerate())  # nor its prefetch thread
     resumed = _distill_objective()
     assert train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run").step == 8
     for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
@@ -505,11 +509,13 @@ def test_prefetched_batches_come_in_order_and_errors_and_early_stops_reach_the_t
             got.append(batch)
     assert len(got) == 1  # the batch made before the error still arrives first
 
-    before = threading.active_count()
     stream = prefetched(iter(batches * 100), depth=2)
     next(stream)
+    assert any(t.name == "batch-prefetch" for t in threading.enumerate())
     stream.close()  # the loop stopped early (its last step): the thread ends too
-    assert threading.active_count() == before
+    assert not any(t.name == "batch-prefetch" for t in threading.enumerate())
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        next(prefetched(iter(batches), depth=0))
 
 
 def test_prefetching_changes_no_number(tmp_path, tiny_tokenizer):
