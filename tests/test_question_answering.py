@@ -14,7 +14,7 @@ import yaml
 from transformers import BertForQuestionAnswering
 
 from distill.config import ConfigError, TaskConfig, load_config
-from distill.data import DataError, TASKS, load_task_data, task_spec
+from distill.data import DataError, load_task_data
 from distill.evaluate import predict
 from distill.tasks import get_task_type
 from distill.tasks.question_answering import (
@@ -28,7 +28,7 @@ from distill.tasks.question_answering import (
     squad_metrics,
     tokenize_questions,
 )
-from tests.conftest import tiny_bert_config
+from tests.conftest import tiny_bert_config, tiny_job
 
 # Words of the tiny vocabulary of conftest ("wonderful" is two pieces).
 CONTEXTS = ["the movie was good and the plot was fun . the cast was great",
@@ -260,34 +260,32 @@ def tiny_qa_teacher() -> BertForQuestionAnswering:
 
 
 def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp_path, tiny_tokenizer):
-    """The whole job on a tiny QA teacher and SQuAD files: every stage, a student with the teacher's QA head, the
-    teacher's start/end logits cached per feature, a card with the question-answering tag, ONNX files that pick the
-    same spans as PyTorch, and the reader answering from both."""
+    """The whole job on SQuAD files from a tiny encoder: the teacher fine-tuned with a new QA head (its own loss on
+    start and end positions, best dev F1 kept), a student with the teacher's QA head, the teacher's start/end logits
+    cached per feature, a card with the question-answering tag, ONNX files that pick the same spans as PyTorch, and
+    the reader answering from both."""
     from distill.pipeline import run_pipeline
 
     data = tmp_path / "data"
     data.mkdir()
     write_squad(data / "train.json", PARAGRAPHS * 3)
     write_squad(data / "dev.json")
-    teacher = tmp_path / "teacher_model"
-    tiny_qa_teacher().save_pretrained(teacher)
-    tiny_tokenizer.save_pretrained(teacher)
+    encoder = tmp_path / "encoder"
+    tiny_qa_teacher().save_pretrained(encoder)
+    tiny_tokenizer.save_pretrained(encoder)
     steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
-    config = {"output_dir": str(tmp_path / "run"),
-              "task": {"name": "qa", "task_type": "question_answering", "train_file": str(data / "train.json"),
-                       "dev_file": str(data / "dev.json"), "max_seq_length": 16},
-              "teacher": {"model": str(teacher), "min_dev_metric": -1.0},
-              "augment": {"enabled": False},
-              "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
-                          "num_attention_heads": 4, "init": "teacher"},
-              "distill": {"intermediate": steps, "prediction": steps},
-              "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
-              "general": {"enabled": False}, "export": {"onnx": True, "int8": False}}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tiny_job(tmp_path, tiny_qa_teacher(), tiny_tokenizer,
+                    task={"name": "qa", "task_type": "question_answering", "train_file": str(data / "train.json"),
+                          "dev_file": str(data / "dev.json"), "max_seq_length": 16},
+                    teacher={"model": None, "base_model": str(encoder), "train": steps, "eval_steps": 1},
+                    student={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                             "num_attention_heads": 4, "init": "teacher"},
+                    export={"onnx": True, "int8": False})
     report = run_pipeline(load_config(str(path)))
     out = tmp_path / "run"
     assert set(report["models"]["student"]["dev"]) == {"f1", "exact_match"}
+    teacher = json.loads((out / "teacher" / "stage.json").read_text())
+    assert teacher["steps"] == 2 and [step for step, _ in teacher["selection"]["evaluations"]] == [1, 2]
     student = out / "student"
     assert json.loads((student / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
     features = json.loads((out / "teacher_logits" / "stage.json").read_text())["num_rows"]
