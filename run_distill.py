@@ -335,14 +335,16 @@ def _command_line(prog: str) -> str:
 
 
 def run_pipeline_command(config, args) -> int:
-    from distill.pipeline import plan_markdown, plan_pipeline, run_pipeline
+    from distill.pipeline import for_device, plan_markdown, plan_pipeline, run_pipeline
 
     if getattr(args, "dry_run", False):
         import yaml
 
         from distill.config import to_dict
+        from distill.device import run_device
 
-        print(yaml.safe_dump(to_dict(config), sort_keys=False).rstrip())
+        # The config as it would run here: budget rules that depend on the device resolved (task.max_train_examples_cpu)
+        print(yaml.safe_dump(to_dict(for_device(config, run_device())), sort_keys=False).rstrip())
         print()
         print(plan_markdown(plan_pipeline(config)))
         return 0

@@ -349,3 +349,15 @@ def test_a_sweep_resolves_the_cpu_budget_rule_too(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "_sweep", lambda config, entries, device: seen.update(config=config, **entries))
     pipeline.run_sweep(load_config(str(path)), device=torch.device("cpu"))
     assert seen["config"].task.max_train_examples == seen["half"].task.max_train_examples == 8000
+
+
+def test_the_dry_run_prints_the_config_as_it_would_run_here(tmp_path, capsys):
+    import run_distill
+
+    write_squad(tmp_path / "train.json")
+    write_squad(tmp_path / "dev.json")
+    code = run_distill.main(["pipeline", "--task", "squad", "--data-dir", str(tmp_path), "--output-dir",
+                             str(tmp_path / "run"), "--dry-run"])
+    printed = yaml.safe_load(capsys.readouterr().out.split("\n\nstage")[0])
+    assert code == 0 and printed["task"]["max_train_examples"] == 8000  # on this CPU
+    assert printed["task"]["max_train_examples_cpu"] is None and not (tmp_path / "run").exists()

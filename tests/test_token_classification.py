@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 from transformers import BertForTokenClassification
 
 from distill.config import TaskConfig, load_config
@@ -24,7 +23,7 @@ from distill.tasks.token_classification import (
     read_conll,
     token_soft_cross_entropy,
 )
-from tests.conftest import tiny_bert_config
+from tests.conftest import tiny_bert_config, tiny_job
 
 TAGS = ("O", "B-person", "I-person", "B-location", "I-location")
 SENTENCES = [  # words from the tiny vocabulary of conftest; "wonderful" is two pieces, "terrible" two
@@ -183,22 +182,12 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
     data.mkdir()
     write_conll(data / "train.conll", SENTENCES * 4)
     write_conll(data / "dev.conll", SENTENCES)
-    teacher = tmp_path / "teacher_model"
-    tiny_ner_teacher().save_pretrained(teacher)
-    tiny_tokenizer.save_pretrained(teacher)
-    steps = {"max_steps": 2, "batch_size": 4, "learning_rate": 1.0e-3, "save_steps": 1, "log_steps": 1}
-    config = {"output_dir": str(tmp_path / "run"),
-              "task": {"name": "ner", "task_type": "token_classification", "train_file": str(data / "train.conll"),
-                       "dev_file": str(data / "dev.conll"), "label_names": list(TAGS), "max_seq_length": 32},
-              "teacher": {"model": str(teacher), "min_dev_metric": -1.0},
-              "augment": {"enabled": False},
-              "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
-                          "num_attention_heads": 4, "init": "teacher"},
-              "distill": {"intermediate": steps, "prediction": steps},
-              "report": {"batch_sizes": [1], "seq_length": 16, "num_warmup": 1, "num_repeats": 1},
-              "general": {"enabled": False}, "export": {"onnx": True, "int8": False}}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tiny_job(tmp_path, tiny_ner_teacher(), tiny_tokenizer,
+                    task={"name": "ner", "task_type": "token_classification", "train_file": str(data / "train.conll"),
+                          "dev_file": str(data / "dev.conll"), "label_names": list(TAGS)},
+                    student={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                             "num_attention_heads": 4, "init": "teacher"},
+                    export={"onnx": True, "int8": False})
     report = run_pipeline(load_config(str(path)))
     out = tmp_path / "run"
     assert set(report["models"]["student"]["dev"]) == {"f1", "precision", "recall", "accuracy"}
