@@ -19,9 +19,9 @@ positions are never predicted, and leaving them in would spend the student's cap
 arbitrary scores there. The temperature divides both sides' logits as for classification (t = 1 by default, as in
 TinyBERT; ``distill.temperature`` and ``temperature_squared`` give DistilBERT's T = 2 with T² scaling).
 
-Answers are read as the best valid span over each question's features: the ``n_best`` highest starts and ends of each
-feature, an end not before its start, at most ``max_answer_length`` pieces, both in the context, scored by start plus
-end logit. Exact match and F1 are those of the official SQuAD v1.1 script (answer text normalised: lower case, no
+Answers are read as the best valid span over each question's features: the ``n_best`` highest starts and ends among
+each feature's context pieces, an end not before its start, at most ``max_answer_length`` pieces, scored by start
+plus end logit. Exact match and F1 are those of the official SQuAD v1.1 script (answer text normalised: lower case, no
 punctuation, no articles, single spaces; the maximum over the gold answers), computed by ``torchmetrics``.
 """
 
