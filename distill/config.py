@@ -246,6 +246,9 @@ class DistillConfig:
     weights: dict[str, float] = field(default_factory=dict)  # per-term weights, e.g. {attention: 1.0, relation: 1.0}
     relation_heads: int = 12  # relation heads of the MiniLMv2 relation term (weights.relation > 0); divides both widths
     hidden_loss: str = "mse"  # embedding/hidden terms: "mse" (TinyBERT) or "normalized" (over the teacher's variation)
+    # The intermediate step reads the teacher's outputs from a cache made once (distill.teacher_cache), stored in this
+    # dtype: float32 (the step's losses to float rounding), float16 or bfloat16 (half the disk); null: no cache.
+    teacher_cache: str | None = None
     intermediate: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=5e-5))
     prediction: TrainConfig = field(default_factory=lambda: TrainConfig(num_epochs=1.0, learning_rate=3e-5))
 
@@ -254,6 +257,8 @@ class DistillConfig:
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         _check(self.hidden_loss in ("mse", "normalized"), "hidden_loss", f"must be mse or normalized, got {self.hidden_loss!r}")
         _check(self.hard_label_weight >= 0, "hard_label_weight", "must be >= 0")
+        _check(self.teacher_cache in (None, "float32", "float16", "bfloat16"), "teacher_cache",
+               f"must be float32, float16, bfloat16 or null (off), got {self.teacher_cache!r}")
 
 
 def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, float], steps: tuple[str, ...]) -> None:
@@ -293,6 +298,9 @@ class GeneralConfig:
     weights: dict[str, float] = field(default_factory=dict)  # per-term weights: embedding, hidden, attention, relation
     relation_heads: int = 12  # relation heads of the MiniLMv2 relation term
     hidden_loss: str = "mse"  # embedding/hidden terms: "mse" (TinyBERT) or "normalized" (over the teacher's variation)
+    # The intermediate step reads the teacher's outputs from a cache made once (distill.teacher_cache), stored in this
+    # dtype: float32 (the step's losses to float rounding), float16 or bfloat16 (half the disk); null: no cache.
+    teacher_cache: str | None = None
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=1000, learning_rate=1e-4, warmup_ratio=0.1, save_steps=200)
     )
@@ -568,13 +576,18 @@ def to_dict(config: Any) -> dict:
 # they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
 # name at any depth: a name here must not be used by another config field.
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
-                  "max_train_examples_cpu": None}
+                  "max_train_examples_cpu": None, "teacher_cache": None}
+
+
+def _added_default(key: Any, value: Any) -> bool:
+    """Whether ``key`` (a field name, or a stage's dotted path to one) is an added setting at its old-behaviour value."""
+    name = key.rsplit(".", 1)[-1] if isinstance(key, str) else key
+    return name in ADDED_SETTINGS and type(value) is type(ADDED_SETTINGS[name]) and value == ADDED_SETTINGS[name]
 
 
 def _without_added_defaults(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_added_defaults(v) for k, v in value.items()
-                if not (k in ADDED_SETTINGS and type(v) is type(ADDED_SETTINGS[k]) and v == ADDED_SETTINGS[k])}
+        return {k: _without_added_defaults(v) for k, v in value.items() if not _added_default(k, v)}
     if isinstance(value, (list, tuple)):
         return [_without_added_defaults(v) for v in value]
     return value

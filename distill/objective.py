@@ -13,14 +13,14 @@ A frozen teacher lives outside ``trainable``: it is never optimised or checkpoin
 from __future__ import annotations
 
 import inspect
-from collections import Counter
 
 import torch
 from torch import nn
 
 from distill.capture import CaptureError, capture_support, check_capture, run_model
 from distill.tasks import TaskType, get_task_type
-from distill.terms import LOSS_TERMS, TeacherOutputs, terms_of
+from distill.teacher_cache import cached_outputs
+from distill.terms import LOSS_TERMS, TeacherOutputs, teacher_reads, terms_of
 
 
 class ModelLossObjective(nn.Module):
@@ -152,7 +152,7 @@ class DistillationObjective(nn.Module):
         self.needs_attentions = any(LOSS_TERMS[name].reads_attentions for name in self.terms)
         needs_qkv = any(LOSS_TERMS[name].reads_qkv for name in self.terms)
         # Every teacher buffer the terms will read, counted: the last reader of a buffer may overwrite it.
-        self.teacher_reads = Counter(read for name in self.terms for read in LOSS_TERMS[name].teacher_reads(self.layer_map))
+        self.teacher_reads = teacher_reads(self.terms, self.layer_map)
         self.inputs_differ: dict[str, torch.Tensor] = {}
         if self.needs_attentions or needs_qkv:
             # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only.
@@ -190,8 +190,9 @@ class DistillationObjective(nn.Module):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cached_logits = batch.get("teacher_logits")
-        teacher = None
-        if self.needs_intermediate or cached_logits is None:  # cached logits skip the teacher forward
+        # The teacher-output cache (distill.teacher_cache) carries the buffers the intermediate terms read.
+        teacher = cached_outputs(batch, self.teacher.config.num_hidden_layers)
+        if teacher is None and (self.needs_intermediate or cached_logits is None):  # cached logits: no teacher forward
             with torch.no_grad():
                 teacher = run_model(self.teacher, batch, self.needs_intermediate, self.needs_attentions)
         student = run_model(self.trainable["student"], batch, self.needs_intermediate, self.needs_attentions)

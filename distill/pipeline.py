@@ -41,7 +41,7 @@ from distill.checkpoint import (
     stage_status,
     write_json_atomic,
 )
-from distill.config import ConfigError, PipelineConfig, TrainConfig, to_dict, with_overrides
+from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict, with_overrides
 from distill.data import DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
@@ -69,6 +69,8 @@ from distill.report import (
     write_report,
 )
 from distill.stages import STAGES, ConfigView
+from distill.teacher_cache import CacheLayout, TeacherCache, build_teacher_cache, storage_dtype, with_cache_index
+from distill.terms import teacher_reads
 from distill.trainer import train
 from students import build_student, student_shape
 from teachers import (
@@ -234,12 +236,24 @@ def _student_layers(config: ConfigView, teacher_config, start: str | None = None
     return student_shape(config.student, teacher_config)["num_hidden_layers"]
 
 
+def teacher_outputs_run_id(config: PipelineConfig, teacher_id: str, data_id: str, terms, layer_map: list[int]) -> str:
+    """The teacher-output cache's run id: the teacher, the training set, ``task.max_seq_length``, the storage dtype
+    and the teacher buffers the intermediate terms read with ``layer_map``."""
+    reads = sorted(teacher_reads(terms, layer_map))
+    return fingerprint(STAGES["teacher_outputs"].run_id(config, {"teacher": teacher_id, "augmented": data_id}),
+                       [list(read) for read in reads])
+
+
 def _distill_step(
     name: str, config: ConfigView, spec: TaskSpec, teacher, student, tokenizer, train_set: datasets.Dataset,
     terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str, device: torch.device,
-    layer_map: list[int], start: str | None = None,
+    layer_map: list[int], start: str | None = None, teacher_cache: tuple[Path, str] | None = None,
 ) -> DistillationObjective:
-    """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer."""
+    """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer.
+
+    With ``teacher_cache`` (its folder and run id; intermediate step), the teacher's outputs are computed once into
+    that folder (or found there) and every batch reads them from it (:mod:`distill.teacher_cache`). The step's wall
+    time starts after the cache (timed in its own folder)."""
     if name == "intermediate":
         settings = {"share_projection": config.distill.share_projection,
                     "relation_heads": config.distill.relation_heads, "hidden_loss": config.distill.hidden_loss}
@@ -251,8 +265,17 @@ def _distill_step(
     start = config.student.model or start if name == "intermediate" else None
     if start is not None:
         load_projections(objective, Path(start))
-    train(objective, train_set, collator(tokenizer, spec), train_config, folder, run_id, f"distill ({name} step)",
-          device=device)
+    collate = collator(tokenizer, spec)
+    if teacher_cache is not None:
+        cache_dir, cache_id = teacher_cache
+        layout = CacheLayout.of(objective.teacher_reads, teacher.config)
+        build_teacher_cache(objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
+                            storage_dtype(config.distill.teacher_cache), device=device)
+        collate = TeacherCache(cache_dir).collator(collate)
+        train_set = with_cache_index(train_set)
+    if name == "intermediate":
+        mark_stage_started(folder)
+    train(objective, train_set, collate, train_config, folder, run_id, f"distill ({name} step)", device=device)
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
@@ -264,10 +287,11 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     """The intermediate step (embedding, hidden and attention losses) into ``folder``, the student starting from the
     general-distilled one when there is one; returns its record."""
     inputs = {"teacher": teacher_record["run_id"], "augmented": data_run_id, "general": general["run_id"]}
+    full_config = config
     run_id, config, record = open_stage("student_intermediate", config, folder, inputs)
     if record is not None:
         return record
-    _start("task distillation, intermediate step", folder)
+    _banner("task distillation, intermediate step", folder)
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec)
     terms = intermediate_terms(config.distill.weights)
@@ -283,11 +307,17 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
               "device": str(device)}
     if not terms:  # logit-only distillation: the student goes straight to the prediction step
         logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
+        mark_stage_started(folder)
         student.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "weights": {}, **record})
+    cache = None
+    if config.distill.teacher_cache is not None:
+        cache = (out / "teacher_outputs",
+                 teacher_outputs_run_id(full_config, teacher_record["run_id"], data_run_id, terms, layer_map))
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
-                              config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"])
+                              config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"],
+                              teacher_cache=cache)
     save_projections(objective, folder)
     return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "weights": terms, **record})
 
@@ -362,7 +392,8 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
 def stages_used(config: PipelineConfig) -> list[str]:
     """The stage folders a job with this config runs or reuses (for its report's stage times)."""
     augment = ["mlm"] * (config.mlm.model is None) + ["augmented"] if config.augment.enabled else []
-    return ["teacher", *augment, "general", "student_intermediate", "teacher_logits", "student"]
+    cache = ["teacher_outputs"] if config.distill.teacher_cache is not None else []
+    return ["teacher", *augment, "general", *cache, "student_intermediate", "teacher_logits", "student"]
 
 
 def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, student_record: dict, out: Path, *,
@@ -616,8 +647,15 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         general = general_config(config)
         general_id = general_run_id(general)[0]
         add("general", cache_folder(general, general_id), general_id)
+    if config.distill.teacher_cache is not None:
+        cache_id = _planned_cache_id(config, out, teacher_id, data_id)
+        add("teacher_outputs", out / "teacher_outputs", cache_id,
+            None if cache_id else "no intermediate term, or the teacher's config cannot be read yet")
     step1_id = add("student_intermediate", out / "student_intermediate", STAGES["student_intermediate"].run_id(
         config, {"teacher": teacher_id, "augmented": data_id, "general": general_id}))
+    if step1_id and rows[-1]["action"] == "reuse" and rows[-2]["stage"] == "teacher_outputs" \
+            and rows[-2]["action"] != "reuse":
+        rows[-2].update(action="skip", why="the intermediate step is finished; its teacher outputs are not needed")
     logits_id = add("teacher_logits", out / "teacher_logits",
                     STAGES["teacher_logits"].run_id(config, {"teacher": teacher_id, "augmented": data_id}))
     add("student", out / "student", STAGES["student"].run_id(
@@ -627,6 +665,23 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     add("report", None, None)
     add("export", None, None, None if config.export.onnx else "export.onnx is false")
     return rows
+
+
+def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_id: str) -> str | None:
+    """The teacher-output cache's run id as the pipeline will compute it, or None when there is no intermediate term
+    or the teacher's config cannot be read (a hub teacher offline, before the teacher stage ran)."""
+    terms = intermediate_terms(config.distill.weights)
+    if not terms:
+        return None
+    try:
+        teacher = out / "teacher"
+        teacher_config = load_model_config(str(teacher) if (teacher / "config.json").is_file()
+                                           else config.teacher.model or config.teacher.base_model)
+        layers = _student_layers(config, teacher_config)
+    except (OSError, ValueError):
+        return None
+    layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)
+    return teacher_outputs_run_id(config, teacher_id, data_id, terms, layer_map)
 
 
 def plan_markdown(rows: list[dict]) -> str:

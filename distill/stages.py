@@ -163,8 +163,11 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
     StageSpec("student_intermediate",
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
-                     *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate"),
+                     *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",
+                     "distill.teacher_cache"),
               inputs=("teacher", "augmented", "general")),
+    # Its run id also covers the teacher buffers it holds (distill.pipeline.teacher_outputs_run_id).
+    StageSpec("teacher_outputs", reads=("task.max_seq_length", "distill.teacher_cache"), inputs=("teacher", "augmented")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
                      "distill.hard_label_weight", *PREDICTION_WEIGHTS),

@@ -79,9 +79,14 @@ class TeacherOutputs:
         if kind == "hidden_states":
             tensor = self._outputs.hidden_states[layer]
         elif kind == "qkv":
-            return self._outputs.qkv[layer - 1], False  # small, and read as three tensors: never consumed
+            tensor = self._outputs.qkv.get(layer - 1)
+            if tensor is not None:
+                return tensor, False  # small, and read as three tensors: never consumed
         else:
             tensor = self._outputs.attentions[layer - 1]
+        if tensor is None:
+            raise RuntimeError(f"teacher {kind}[{layer}] is not in the teacher's outputs (a teacher-output cache made "
+                               "for other layers or terms)")
         return tensor, self._remaining[(kind, layer)] == 0
 
     def close(self) -> None:
@@ -188,6 +193,11 @@ LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (
              "TinyBERT Eq. 10: soft cross-entropy on logits (MSE for regression), in the task type's output space "
              "(per scored token for token classification)"),
 )}
+
+
+def teacher_reads(terms, layer_map: list[int]) -> Counter:
+    """Every teacher buffer the named ``terms`` read with ``layer_map``, counted (a buffer read by two terms: 2)."""
+    return Counter(read for name in terms for read in LOSS_TERMS[name].teacher_reads(layer_map))
 
 
 def terms_of(step: str) -> tuple[str, ...]:

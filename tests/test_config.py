@@ -91,13 +91,17 @@ def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
     before = {"teacher": "4d2ea927021c373f", "mlm": "ccaad421b9026bfa", "augmented": "00c4245b17bd731a",
               "teacher_logits": "3688d0ffc3d0fbd7", "student_intermediate": "884970031e968a9c",
               "student": "4f6ccce2b4d3a53e"}
-    assert run_ids(PipelineConfig()) == before
+    ids = run_ids(PipelineConfig())
+    assert {name: ids[name] for name in before} == before
     assert fingerprint(PipelineConfig().general) == "9b437fb63dd5d259"
     # Turned on, it enters the ids of the stages that read it (the others see them through their run ids, "x" here).
     for section, stages in [("teacher.train", {"teacher"}), ("mlm.train", {"mlm"}),
                             ("distill.intermediate", {"student_intermediate"}), ("distill.prediction", {"student"})]:
         grouped = load_config(None, {f"{section}.group_by_length": True})
-        assert {name for name, run_id in run_ids(grouped).items() if run_id != before[name]} == stages, section
+        assert {name for name, run_id in run_ids(grouped).items() if run_id != ids[name]} == stages, section
+    cached = load_config(None, {"distill.teacher_cache": "float16"})  # the teacher-output cache, added later too
+    assert {name for name, run_id in run_ids(cached).items() if run_id != ids[name]} == {"student_intermediate",
+                                                                                         "teacher_outputs"}
     grouped = load_config(None, {"general.train.group_by_length": True})
     assert fingerprint(grouped.general) != "9b437fb63dd5d259"
 

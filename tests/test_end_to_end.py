@@ -118,6 +118,37 @@ def test_a_changed_setting_reruns_only_the_stages_that_read_it(smoke_run, tmp_pa
     assert json.loads((copy / "student" / "stage.json").read_text())["run_id"] != old
 
 
+def test_teacher_cache_runs_the_intermediate_step_from_cached_teacher_outputs(smoke_run, tmp_path):
+    """`--set distill.teacher_cache=float16` on a finished run: the dry run lists the cache stage, then the job makes
+    it (its size in the log, its time in the report) and runs the intermediate step again (its run id covers the
+    setting), reusing the teacher and the augmented set."""
+    import shutil
+
+    out, _ = smoke_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    old = json.loads((copy / "student_intermediate" / "stage.json").read_text())["run_id"]
+    args = ("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(copy),
+            "--set", "distill.teacher_cache=float16")
+    plan = _run(*args, "--dry-run")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1] for line in plan.stdout.splitlines() if len(line.split()) > 1}
+    assert rows["teacher_outputs"] == "run" and rows["student_intermediate"] == "replace" and rows["teacher"] == "reuse"
+    result = _run(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "=== stage: teacher " not in result.stderr and "=== stage: augmentation " not in result.stderr
+    assert "teacher-output cache: " in result.stderr and " in float16 (" in result.stderr
+    cache = json.loads((copy / "teacher_outputs" / "stage.json").read_text())
+    assert cache["dtype"] == "float16" and cache["bytes"] > 0 and cache["seconds"] >= 0
+    assert json.loads((copy / "student_intermediate" / "stage.json").read_text())["run_id"] != old
+    stages = json.loads((copy / "report.json").read_text())["student"]["timing"]["stage_seconds"]
+    assert list(stages)[:5] == ["teacher", "mlm", "augmented", "general", "teacher_outputs"]
+    assert "| teacher outputs (cached) |" in (copy / "report.md").read_text()
+    again = _run(*args, "--dry-run")  # finished: the cache is reused with the step, or skipped
+    rows = {line.split()[0]: line.split()[1] for line in again.stdout.splitlines() if len(line.split()) > 1}
+    assert rows["teacher_outputs"] == "reuse" and rows["student_intermediate"] == "reuse"
+
+
 def test_bad_input_gives_a_clear_error_and_no_traceback(tmp_path):
     (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\textra\n")
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n")

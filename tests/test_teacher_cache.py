@@ -1,0 +1,204 @@
+"""The teacher-output cache of the intermediate step: the losses it gives, its storage, resume and disk checks."""
+
+import json
+import shutil
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import DataCollatorWithPadding
+
+import distill.teacher_cache as teacher_cache
+from distill.config import ConfigError, TrainConfig
+from distill.objective import DistillationObjective
+from distill.teacher_cache import (
+    INDEX_COLUMN,
+    CacheLayout,
+    TeacherCache,
+    build_teacher_cache,
+    cache_bytes,
+    with_cache_index,
+)
+from distill.trainer import train
+from tests.conftest import tiny_bert
+
+TERMS = {"embedding": 1, "hidden": 1, "attention": 1}
+
+
+def _data(n=26):
+    generator = torch.Generator().manual_seed(3)
+    rows = []
+    for i in range(n):
+        length = 3 + (7 * i) % 11
+        rows.append({"input_ids": torch.randint(5, 30, (length,), generator=generator).tolist(),
+                     "attention_mask": [1] * length, "labels": i % 2})
+    return datasets.Dataset.from_list(rows)
+
+
+def _objective(terms=TERMS, seed=1):
+    teacher = tiny_bert(seed=0, num_hidden_layers=3)
+    student = tiny_bert(seed=seed, hidden_size=16, intermediate_size=32).train()
+    return DistillationObjective(teacher, student, terms, [2, 3], relation_heads=4)
+
+
+def _cache(objective, data, collate, folder, dtype=torch.float32, **kwargs):
+    layout = CacheLayout.of(objective.teacher_reads, objective.teacher.config)
+    build_teacher_cache(objective.teacher, data, collate, layout, folder, "cache-run", dtype,
+                        device=torch.device("cpu"), **kwargs)
+    return TeacherCache(folder)
+
+
+def _step_losses(objective, data, collate, batch_size=4):
+    """Each batch's terms in the step's batches (student in eval mode: no dropout draws)."""
+    objective.eval()
+    found = []
+    with torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            rows = [data[i] for i in range(start, min(start + batch_size, len(data)))]
+            loss, terms = objective(collate(rows))
+            found.append({"loss": float(loss), **{k: float(v) for k, v in terms.items()}})
+    return found
+
+
+@pytest.mark.parametrize("terms", [TERMS, {**TERMS, "relation": 1}], ids=["tinybert", "with-relation"])
+def test_float32_cache_gives_the_uncached_losses(tmp_path, tiny_tokenizer, terms):
+    """The cache is built in batches of 5 sorted by length (other padding than the step's batches of 4): every term of
+    every batch equals the uncached step's to float rounding."""
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    objective = _objective(terms)
+    cache = _cache(objective, data, collate, tmp_path / "cache", batch_size=5)
+    uncached = _step_losses(objective, data, collate)
+    cached = _step_losses(objective, with_cache_index(data), cache.collator(collate))
+    assert len(cached) == len(uncached) == 7
+    for a, b in zip(uncached, cached):
+        assert a.keys() == b.keys() == {"loss", *terms}
+        for name in a:
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float16, 2**-11), (torch.bfloat16, 2**-8)])
+def test_half_precision_cache_moves_the_losses_within_the_stated_tolerance(tmp_path, tiny_tokenizer, dtype, tolerance):
+    """float16 keeps 11 significant bits, bfloat16 8: each term within one rounding unit of the storage dtype
+    (relative) of the uncached one (measured here: 3.7e-5 and 2.5e-4), and not equal to it (the rounding is real)."""
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    objective = _objective()
+    cache = _cache(objective, data, collate, tmp_path / "cache", dtype=dtype)
+    uncached = _step_losses(objective, data, collate)
+    cached = _step_losses(objective, with_cache_index(data), cache.collator(collate))
+    differ = False
+    for a, b in zip(uncached, cached):
+        for name in a:
+            assert b[name] == pytest.approx(a[name], rel=tolerance), name
+            differ |= b[name] != a[name]
+    assert differ
+    full = cache_bytes(cache.layout, [len(ids) for ids in data["input_ids"]], torch.float32)
+    stored = sum(path.stat().st_size for path in (tmp_path / "cache" / "shards").glob("*.bin"))
+    assert stored * 2 == full
+
+
+def test_training_with_the_cache_gives_the_uncached_student(tmp_path, tiny_tokenizer):
+    """Six optimizer steps with dropout on: the same draws (the frozen teacher draws none) and the same weights to
+    float rounding; the cached run never calls the teacher."""
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    config = TrainConfig(max_steps=6, batch_size=4, learning_rate=1e-3, save_steps=3, log_steps=1, seed=5)
+    reference = _objective()
+    train(reference, data, collate, config, tmp_path / "a", "run")
+    cached = _objective()
+    cache = _cache(cached, data, collate, tmp_path / "cache")
+    calls = []
+    cached.teacher.register_forward_hook(lambda *args: calls.append(1))
+    train(cached, with_cache_index(data), cache.collator(collate), config, tmp_path / "b", "run")
+    assert not calls
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), cached.trainable.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_a_stopped_build_resumes_at_its_first_missing_shard(tmp_path, tiny_tokenizer, monkeypatch):
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    objective = _objective()
+    whole = tmp_path / "whole"
+    _cache(objective, data, collate, whole, shard_bytes=20_000)
+    shards = json.loads((whole / "shards" / "run.json").read_text())["shards"]
+    assert len(shards) >= 4 and shards[0][0] == 0 and shards[-1][1] == len(data)
+
+    write = teacher_cache._write_shard
+    written = []
+
+    def stop_after_two(*args):
+        if len(written) == 2:
+            raise KeyboardInterrupt("simulated kill")
+        written.append(args[8])
+        write(*args)
+
+    monkeypatch.setattr(teacher_cache, "_write_shard", stop_after_two)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        _cache(objective, data, collate, stopped, shard_bytes=20_000)
+    assert not (stopped / "stage.json").exists() and written == [0, 1]
+    with pytest.raises(FileNotFoundError, match="not finished"):
+        TeacherCache(stopped)
+    written.clear()
+    monkeypatch.setattr(teacher_cache, "_write_shard", lambda *args: (written.append(args[8]), write(*args)))
+    _cache(objective, data, collate, stopped, shard_bytes=20_000)
+    assert written == list(range(2, len(shards)))
+    for path in sorted((whole / "shards").glob("shard-*")):
+        assert path.read_bytes() == (stopped / "shards" / path.name).read_bytes(), path.name
+
+
+def test_a_cache_of_other_settings_is_replaced(tmp_path, tiny_tokenizer):
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    objective = _objective()
+    folder = tmp_path / "cache"
+    _cache(objective, data, collate, folder)
+    layout = CacheLayout.of(objective.teacher_reads, objective.teacher.config)
+    build_teacher_cache(objective.teacher, data, collate, layout, folder, "other-run", torch.float16,
+                        device=torch.device("cpu"))
+    assert json.loads((folder / "stage.json").read_text())["run_id"] == "other-run"
+    assert TeacherCache(folder).dtype == torch.float16
+
+
+def test_a_disk_without_room_is_a_clear_error_before_anything_is_written(tmp_path, tiny_tokenizer, monkeypatch):
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    objective = _objective()
+    layout = CacheLayout.of(objective.teacher_reads, objective.teacher.config)
+    needed = cache_bytes(layout, [len(ids) for ids in data["input_ids"]], torch.float32)
+    monkeypatch.setattr(teacher_cache.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12,
+                                                                                                   needed // 2))
+    with pytest.raises(ConfigError, match=r"needs 0\.00 GiB more .* free; .*float16.*null"):
+        build_teacher_cache(objective.teacher, data, collate, layout, tmp_path / "cache", "run", torch.float32,
+                            device=torch.device("cpu"))
+    assert not list((tmp_path / "cache").glob("shards/shard-*"))
+
+
+def test_size_estimate_is_the_bytes_written(tmp_path, tiny_tokenizer):
+    """hidden states (T, H) at layers 0, 2, 3 and scores (A, T, T) at 2, 3, per example, float32."""
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    objective = _objective()
+    cache = _cache(objective, data, collate, tmp_path / "cache")
+    lengths = [len(ids) for ids in data["input_ids"]]
+    assert cache.layout.reads == (("attentions", 2), ("attentions", 3), ("hidden_states", 0), ("hidden_states", 2),
+                                  ("hidden_states", 3))
+    expected = sum(3 * t * 32 + 2 * 4 * t * t for t in lengths) * 4
+    assert cache_bytes(cache.layout, lengths, torch.float32) == expected
+    assert sum(p.stat().st_size for p in (tmp_path / "cache" / "shards").glob("*.bin")) == expected
+    assert json.loads((tmp_path / "cache" / "stage.json").read_text())["bytes"] == expected
+
+
+def test_cached_buffers_are_placed_on_the_tokenizer_padding_side(tmp_path, tiny_tokenizer):
+    """Left padding: an example's values sit at the batch's last T_i positions, zeros before them."""
+    data = _data(6)
+    objective = _objective()
+    cache = _cache(objective, data, DataCollatorWithPadding(tiny_tokenizer), tmp_path / "cache")
+    tiny_tokenizer.padding_side = "left"
+    batch = cache.collator(DataCollatorWithPadding(tiny_tokenizer))([with_cache_index(data)[i] for i in (0, 1)])
+    assert INDEX_COLUMN not in batch
+    width = batch["input_ids"].shape[1]
+    for row, index in enumerate((0, 1)):
+        length = len(data[index]["input_ids"])
+        hidden, scores = cache.example(index)[2], cache.example(index)[0]
+        assert torch.equal(batch["teacher.hidden_states.0"][row, width - length:], hidden)
+        assert torch.equal(batch["teacher.attentions.2"][row, :, width - length:, width - length:], scores)
+        assert not batch["teacher.hidden_states.0"][row, :width - length].any()
+        assert bool((batch["attention_mask"][row, :width - length] == 0).all())
+    assert np.prod(batch["teacher.attentions.3"].shape) == 2 * 4 * width * width
