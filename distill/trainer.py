@@ -401,6 +401,9 @@ def _loop(run: _Run) -> None:
     accumulate = config.gradient_accumulation_steps
     window = {"start": time.perf_counter(), "samples": 0}
     every = run.selection.eval_steps if run.selection is not None else None
+    interval = check_interval(run.device, config)
+    watch = _TermWatch(run.description)
+    read = watch.last
     micro = 0
     while state.step < run.steps:
         for batch in run.data.epoch(state.epoch, state.batch_in_epoch):
@@ -412,8 +415,7 @@ def _loop(run: _Run) -> None:
             with nullcontext() if sync or world == 1 else run.model.no_sync():
                 with accelerator.autocast():
                     loss, terms = run.model(batch)
-                read = _check_terms(loss, terms, getattr(run.objective, "inputs_differ", None), state,
-                                    run.description)  # (total, {term: value}) as Python floats
+                watch.add(loss, terms, getattr(run.objective, "inputs_differ", None), state)
                 accelerator.backward(loss / accumulate)
             state.batch_in_epoch += 1
             size = len(batch["input_ids"]) * world
@@ -428,18 +430,23 @@ def _loop(run: _Run) -> None:
                 run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
             state.step += 1
-            # values already read by _check_terms: no second host synchronisation per step; the bar redraws at its
-            # own interval
-            run.progress.set_postfix({k: f"{v:.4f}" for k, v in read[1].items()}, refresh=False)
-            run.progress.update(1)
-            if state.step % config.log_steps == 0 or state.step == run.steps:
-                _log(run.log_file, state, read, run.scheduler, window, accelerator)
-            if run.selection is not None and (state.step == run.steps or (every and state.step % every == 0)):
-                run.evaluate()
+            logged = state.step % config.log_steps == 0 or state.step == run.steps
+            scored = run.selection is not None and (state.step == run.steps or (every and state.step % every == 0))
             saved = state.step % config.save_steps == 0 or state.step == run.steps
+            stopping = _stop_requested(run.stop, accelerator) and state.step < run.steps
+            if logged or scored or saved or stopping or state.step % interval == 0:
+                # one host synchronisation for the steps since the last read; the checks run before anything is kept
+                read = watch.flush()
+                # the bar redraws at its own interval
+                run.progress.set_postfix({k: f"{v:.4f}" for k, v in read[1].items()}, refresh=False)
+            run.progress.update(1)
+            if logged:
+                _log(run.log_file, state, read, run.scheduler, window, accelerator)
+            if scored:
+                run.evaluate()
             if saved:
                 path = run.checkpoint()
-            if _stop_requested(run.stop, accelerator) and state.step < run.steps:
+            if stopping:
                 path = path if saved else run.checkpoint()
                 name = signal.Signals(run.stop["signal"] or signal.SIGTERM).name
                 raise TrainingInterrupted(
@@ -452,6 +459,7 @@ def _loop(run: _Run) -> None:
             state.epoch += 1
             state.batch_in_epoch = 0
             if run.selection is not None and every is None and state.step < run.steps:
+                watch.flush()  # checked before the best weights may be kept
                 run.evaluate()  # the end of an epoch (not yet checkpointed: a resume re-scores it, same result)
 
 
@@ -626,28 +634,66 @@ def _truncate_log(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
-def _check_terms(loss: torch.Tensor, terms: dict, inputs_differ: dict | None, state: TrainState,
+def check_interval(device: torch.device, config: TrainConfig) -> int:
+    """Optimizer steps between reads of the loss terms from the device: every step on a CPU (reading costs nothing
+    there), every ``log_steps`` on an accelerator, where each read stops the host until the device has finished the
+    step, so the next step's kernels cannot be queued behind it."""
+    return 1 if device.type == "cpu" else config.log_steps
+
+
+class _TermWatch:
+    """The loss terms of the micro-batches since the last read, kept on the device, checked by :func:`_check_terms`
+    in order when read (:meth:`flush`): an error names the first bad micro-batch's step. The loop reads before any
+    checkpoint, evaluation, log line or the end, so a checkpoint never holds weights updated from a bad loss."""
+
+    def __init__(self, description: str):
+        self.description = description
+        self.pending: list[tuple] = []
+        self.last: tuple[float, dict[str, float]] = (0.0, {})
+
+    def add(self, loss: torch.Tensor, terms: dict, inputs_differ: dict | None, state: TrainState) -> None:
+        names = list(terms)
+        differ = inputs_differ or {}
+        flagged = [name for name in names if name in differ]
+        values = torch.stack([loss.detach().float(), *[terms[n].detach().float() for n in names],
+                              *[differ[n].float() for n in flagged]])
+        where = f"at optimizer step {state.step + 1} (epoch {state.epoch}, batch {state.batch_in_epoch})"
+        self.pending.append((names, flagged, values, where))
+
+    def flush(self) -> tuple[float, dict[str, float]]:
+        """Read every pending micro-batch's values in one host synchronisation and check them in order; returns the
+        last one's ``(total, {term: value})``."""
+        if self.pending:
+            values = torch.cat([entry[2] for entry in self.pending]).tolist()
+            at = 0
+            for names, flagged, tensor, where in self.pending:
+                row = values[at:at + len(tensor)]
+                at += len(tensor)
+                self.last = _check_terms(row, names, flagged, where, self.description)
+            self.pending.clear()
+        return self.last
+
+
+def _check_terms(values: list[float], names: list[str], flagged: list[str], where: str,
                  description: str) -> tuple[float, dict[str, float]]:
     """Stop on a loss term that is NaN or infinite, or exactly 0 while the values it compares differ.
 
-    One host synchronisation per micro-batch: the loss, the terms and the objective's ``inputs_differ`` flags are read
-    together. Returns the values read, ``(total, {term name: value})`` as Python floats, for the progress bar and the
-    log, which so read nothing more from the device.
+    Args:
+        values: one micro-batch's total loss, its terms (``names``' order) and the ``inputs_differ`` flags of the
+            terms in ``flagged``, read from the device together (:class:`_TermWatch`).
+        where: the step, epoch and batch, for the message.
+
+    Returns:
+        ``(total, {term name: value})`` as Python floats, for the progress bar and the log.
     """
-    names = list(terms)
-    differ = inputs_differ or {}
-    flags = [differ[name] for name in names if name in differ]
-    values = torch.stack([loss.detach().float(), *[terms[n].float() for n in names],
-                          *[f.float() for f in flags]]).tolist()
     total, term_values, differ_values = values[0], values[1 : 1 + len(names)], values[1 + len(names):]
-    where = f"at optimizer step {state.step + 1} (epoch {state.epoch}, batch {state.batch_in_epoch})"
     for name, value in [*zip(names, term_values), ("total", total)]:
         if not math.isfinite(value):
             raise NonFiniteLossError(
                 f"{description}: loss term {name!r} is {value} {where}; stopping. The last good checkpoint is kept; "
                 "lower the learning rate or check the data, then re-run to resume."
             )
-    flagged = dict(zip([n for n in names if n in differ], differ_values))
+    flagged = dict(zip(flagged, differ_values))
     for name, value in zip(names, term_values):
         if value == 0.0 and flagged.get(name, 0.0) > 0:
             raise NonFiniteLossError(

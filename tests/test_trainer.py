@@ -527,3 +527,30 @@ def test_prefetching_changes_no_number(tmp_path, tiny_tokenizer):
     train(inline, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run", prefetch=False)
     for (name, a), (_, b) in zip(ahead.trainable.state_dict().items(), inline.trainable.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(tmp_path, tiny_tokenizer,
+                                                                              monkeypatch):
+    """On an accelerator the terms are read every ``log_steps`` steps (one host synchronisation, not one a step): a
+    loss that turns NaN at step 3 is named as step 3 when read at step 4, before step 4's checkpoint is written."""
+    import distill.trainer as trainer
+
+    monkeypatch.setattr(trainer, "check_interval", lambda device, config: 4)
+    objective = _distill_objective()
+    student = objective.trainable["student"]
+    calls = []
+
+    def poison_third_step(module, args):
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                student.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+
+    student.register_forward_pre_hook(poison_third_step)
+    config = TrainConfig(max_steps=8, batch_size=4, save_steps=2, log_steps=4)
+    with pytest.raises(NonFiniteLossError, match=r"'embedding' is nan at optimizer step 3 \(epoch 0, batch 2\)"):
+        train(objective, _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
+    assert len(calls) == 4  # read at step 4, not at each step
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000002"]
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert lines == []  # the first log line (step 4) is never written
