@@ -19,6 +19,7 @@ Repeated ``--repeats`` times, interleaved; it prints each repeat and the medians
 
 Usage: python bench/loop_overhead.py [--shape tiny|bert-base] [--batch-size 32] [--max-seq-length 128]
        [--steps 40] [--warmup 5] [--repeats 3] [--threads N] [--device cpu|cuda] [--mixed-precision no|bf16|fp16]
+       [--compile]
 The last line printed is a JSON object with every number.
 """
 
@@ -64,7 +65,10 @@ def objective(args, vocab_size: int) -> DistillationObjective:
     teacher, student = model(teacher_shape, vocab_size, 0), model(student_shape, vocab_size, 1)
     step = teacher_shape[0] // student_shape[0]
     layer_map = [step * (m + 1) for m in range(student_shape[0])]
-    return DistillationObjective(teacher, student, {"embedding": 1.0, "hidden": 1.0, "attention": 1.0}, layer_map)
+    target = DistillationObjective(teacher, student, {"embedding": 1.0, "hidden": 1.0, "attention": 1.0}, layer_map)
+    if args.compile:  # the student's forward and backward through torch.compile (the loss terms stay eager)
+        target.trainable["student"] = torch.compile(target.trainable["student"])
+    return target
 
 
 def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefetch: bool = True) -> float:
@@ -128,6 +132,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default="no")
+    parser.add_argument("--compile", action="store_true", help="run the student through torch.compile (compare "
+                        "with a run without: the model-work times of the two runs)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -151,6 +157,7 @@ def main() -> None:
           f"{summary['loop_inline_ms']:.1f}), model work {summary['model_work_ms']:.1f} ms/step, ratio "
           f"{summary['ratio']:.3f} (inline {summary['ratio_inline']:.3f}; target on a CPU: <= 1.10)")
     print(json.dumps({"shape": args.shape, "device": str(device), "mixed_precision": args.mixed_precision,
+                      "compile": args.compile,
                       "batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
                       "threads": torch.get_num_threads(), "repeats": rows, "median": summary}))
 

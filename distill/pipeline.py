@@ -23,6 +23,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow
 import torch
 from safetensors.torch import load_file
 from transformers import set_seed
@@ -377,16 +378,33 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
     if finished_or_superseded(folder, run_id) is None:
         _start("teacher logits (cached for the prediction step)", folder)
         logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
-        rows = [row.tolist() for row in logits] if isinstance(logits, list) else logits.tolist()
         value = datasets.Value("float32")  # the logits' own dtype: the same numbers in half the space of float64
         feature = datasets.Sequence(datasets.Sequence(value) if isinstance(logits, list) else value)
-        datasets.Dataset.from_dict({"teacher_logits": rows}, features=datasets.Features({"teacher_logits": feature})
-                                   ).save_to_disk(str(folder / "data"))
+        datasets.Dataset(pyarrow.table({"teacher_logits": logit_rows(logits)})).cast(
+            datasets.Features({"teacher_logits": feature})).save_to_disk(str(folder / "data"))
         mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
     cached = datasets.load_from_disk(str(folder / "data"))
     if len(cached) != len(train_set):
         raise RuntimeError(f"cached teacher logits in {folder} have {len(cached)} rows, the data {len(train_set)}")
     return train_set.add_column("teacher_logits", cached["teacher_logits"])
+
+
+def logit_rows(logits: np.ndarray | list[np.ndarray]) -> pyarrow.ListArray:
+    """Logits as an Arrow list column, built from the arrays' memory without Python floats: (N, C) -> N lists of C;
+    N arrays (T_i, C) -> N lists of T_i lists of C (a QA set's 88,000 features of 256 x 2 are 45M floats, which as
+    Python lists take gigabytes)."""
+    if not isinstance(logits, list):
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        count, width = logits.shape
+        return pyarrow.ListArray.from_arrays(np.arange(0, count * width + 1, width, dtype=np.int32),
+                                             pyarrow.array(logits.reshape(-1)))
+    lengths = np.asarray([len(row) for row in logits], dtype=np.int64)
+    width = logits[0].shape[-1] if logits else 0
+    values = np.concatenate([np.asarray(row, dtype=np.float32).reshape(-1) for row in logits]) if logits else \
+        np.zeros(0, dtype=np.float32)
+    tokens = pyarrow.ListArray.from_arrays(np.arange(0, len(values) + 1, max(width, 1), dtype=np.int32),
+                                           pyarrow.array(values))
+    return pyarrow.ListArray.from_arrays(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), tokens)
 
 
 def stages_used(config: PipelineConfig) -> list[str]:

@@ -202,3 +202,27 @@ def test_cached_buffers_are_placed_on_the_tokenizer_padding_side(tmp_path, tiny_
         assert not batch["teacher.hidden_states.0"][row, :width - length].any()
         assert bool((batch["attention_mask"][row, :width - length] == 0).all())
     assert np.prod(batch["teacher.attentions.3"].shape) == 2 * 4 * width * width
+
+
+def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_token(tmp_path, tiny_tokenizer):
+    """The prediction step's cache (built from the arrays, no Python floats) reads back the teacher's float32 logits:
+    (C,) per example for a classifier, (T_i, C) per example for a per-token head."""
+    from transformers import BertForTokenClassification
+
+    from distill.evaluate import predict
+    from distill.pipeline import with_teacher_logits
+    from tests.conftest import tiny_bert_config
+
+    data = _data().remove_columns("labels")
+    torch.manual_seed(0)
+    for name, teacher in [("sequence", tiny_bert(seed=0, num_labels=3)),
+                          ("token", BertForTokenClassification(tiny_bert_config(num_labels=5)).eval())]:
+        cached = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", device=torch.device("cpu"))
+        expected = predict(teacher, data, tiny_tokenizer, device="cpu", batch_size=128)
+        stored = cached["teacher_logits"]
+        assert len(stored) == len(data)
+        for row, want in zip(stored, expected):
+            assert np.asarray(row, dtype=np.float32).shape == want.shape
+            assert np.array_equal(np.asarray(row, dtype=np.float32), want)
+        again = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", device=torch.device("cpu"))
+        assert again["teacher_logits"] == stored  # read back from disk, not recomputed differently
