@@ -696,7 +696,7 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
         teacher_config = load_model_config(str(teacher) if (teacher / "config.json").is_file()
                                            else config.teacher.model or config.teacher.base_model)
         layers = _student_layers(config, teacher_config)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # ModelError is a ValueError
         return None
     layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)
     return teacher_outputs_run_id(config, teacher_id, data_id, terms, layer_map)
