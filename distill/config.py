@@ -298,9 +298,6 @@ class GeneralConfig:
     weights: dict[str, float] = field(default_factory=dict)  # per-term weights: embedding, hidden, attention, relation
     relation_heads: int = 12  # relation heads of the MiniLMv2 relation term
     hidden_loss: str = "mse"  # embedding/hidden terms: "mse" (TinyBERT) or "normalized" (over the teacher's variation)
-    # The intermediate step reads the teacher's outputs from a cache made once (distill.teacher_cache), stored in this
-    # dtype: float32 (the step's losses to float rounding), float16 or bfloat16 (half the disk); null: no cache.
-    teacher_cache: str | None = None
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(max_steps=1000, learning_rate=1e-4, warmup_ratio=0.1, save_steps=200)
     )
@@ -580,7 +577,8 @@ ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities
 
 
 def _added_default(key: Any, value: Any) -> bool:
-    """Whether ``key`` (a field name, or a stage's dotted path to one) is an added setting at its old-behaviour value."""
+    """Whether ``key`` (a field name, or a stage's dotted path to one) is an added setting at its old-behaviour
+    value."""
     name = key.rsplit(".", 1)[-1] if isinstance(key, str) else key
     return name in ADDED_SETTINGS and type(value) is type(ADDED_SETTINGS[name]) and value == ADDED_SETTINGS[name]
 

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow
 import torch
 from safetensors.torch import load_file
+from accelerate import PartialState
 from transformers import set_seed
 
 from augment import (
@@ -270,9 +271,15 @@ def _distill_step(
     if teacher_cache is not None:
         cache_dir, cache_id = teacher_cache
         layout = CacheLayout.of(objective.teacher_reads, teacher.config)
-        build_teacher_cache(objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
-                            storage_dtype(config.distill.teacher_cache), device=device)
-        collate = TeacherCache(cache_dir).collator(collate)
+        with PartialState().main_process_first():  # one process builds it; the others then find it finished
+            build_teacher_cache(objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
+                                storage_dtype(config.distill.teacher_cache), device=device,
+                                batch_size=train_config.batch_size)
+        cache = TeacherCache(cache_dir)
+        if len(cache) != len(train_set):
+            raise RuntimeError(f"the teacher-output cache in {cache_dir} has {len(cache)} rows, the data "
+                               f"{len(train_set)}; delete the folder to rebuild it")
+        collate = cache.collator(collate)
         train_set = with_cache_index(train_set)
     if name == "intermediate":
         mark_stage_started(folder)
@@ -313,9 +320,10 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
         tokenizer.save_pretrained(folder)
         return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "weights": {}, **record})
     cache = None
-    if config.distill.teacher_cache is not None:
-        cache = (out / "teacher_outputs",
+    if config.distill.teacher_cache is not None:  # beside the step's folder: each student of a sweep has its own
+        cache = (folder.parent / "teacher_outputs",
                  teacher_outputs_run_id(full_config, teacher_record["run_id"], data_run_id, terms, layer_map))
+        record["teacher_cache"] = cache[1]
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
                               config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"],
                               teacher_cache=cache)
@@ -375,18 +383,21 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
     """Add a ``teacher_logits`` column, (C,) per example, or (T_i, C) per example for a model with an output per
     token (no padding stored), computed once on ``device`` (where ``teacher`` is) and cached on disk: the prediction
     step then skips the teacher forward."""
-    if finished_or_superseded(folder, run_id) is None:
-        _start("teacher logits (cached for the prediction step)", folder)
-        logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
-        value = datasets.Value("float32")  # the logits' own dtype: the same numbers in half the space of float64
-        feature = datasets.Sequence(datasets.Sequence(value) if isinstance(logits, list) else value)
-        datasets.Dataset(pyarrow.table({"teacher_logits": logit_rows(logits)})).cast(
-            datasets.Features({"teacher_logits": feature})).save_to_disk(str(folder / "data"))
-        mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
+    with PartialState().main_process_first():  # one process computes them; the others then find them finished
+        if finished_or_superseded(folder, run_id) is None:
+            _start("teacher logits (cached for the prediction step)", folder)
+            logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
+            value = datasets.Value("float32")  # the logits' own dtype: the same numbers in half the space of float64
+            feature = datasets.Sequence(datasets.Sequence(value) if isinstance(logits, list) else value)
+            datasets.Dataset(pyarrow.table({"teacher_logits": logit_rows(logits)})).cast(
+                datasets.Features({"teacher_logits": feature})).save_to_disk(str(folder / "data"))
+            mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
     cached = datasets.load_from_disk(str(folder / "data"))
     if len(cached) != len(train_set):
         raise RuntimeError(f"cached teacher logits in {folder} have {len(cached)} rows, the data {len(train_set)}")
-    return train_set.add_column("teacher_logits", cached["teacher_logits"])
+    # side by side, Arrow to Arrow (the column never becomes Python lists)
+    return datasets.concatenate_datasets([train_set.flatten_indices() if train_set._indices is not None
+                                          else train_set, cached], axis=1)
 
 
 def logit_rows(logits: np.ndarray | list[np.ndarray]) -> pyarrow.ListArray:
@@ -400,6 +411,8 @@ def logit_rows(logits: np.ndarray | list[np.ndarray]) -> pyarrow.ListArray:
                                              pyarrow.array(logits.reshape(-1)))
     lengths = np.asarray([len(row) for row in logits], dtype=np.int64)
     width = logits[0].shape[-1] if logits else 0
+    if int(lengths.sum()) * max(width, 1) >= 2**31 or any(row.ndim != 2 or row.shape[-1] != width for row in logits):
+        raise ValueError("logit_rows: per-token logits must be (T_i, C) arrays of one C, fewer than 2^31 values in all")
     values = np.concatenate([np.asarray(row, dtype=np.float32).reshape(-1) for row in logits]) if logits else \
         np.zeros(0, dtype=np.float32)
     tokens = pyarrow.ListArray.from_arrays(np.arange(0, len(values) + 1, max(width, 1), dtype=np.int32),

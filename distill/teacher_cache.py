@@ -48,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 # Storage dtypes by their config name (``distill.teacher_cache``).
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# numpy's type for the raw values of each storage dtype (numpy has no bfloat16: its 16 bits are kept as uint16).
-_RAW = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}
+# numpy's type for the raw values of each storage dtype (numpy has no bfloat16: its 16 bits are kept as int16).
+_RAW = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.int16}
 _RAW_TORCH = {torch.float32: torch.float32, torch.float16: torch.float16, torch.bfloat16: torch.int16}
 # Column added to the training set: the example's position in the cache.
 INDEX_COLUMN = "teacher_cache_index"
@@ -248,23 +248,30 @@ def _write_shard(teacher, dataset, collate_fn, layout: CacheLayout, lengths: lis
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         outputs = run_model(teacher, batch, hidden_states=True, attentions=attentions)
         width = batch["attention_mask"].shape[1]
+        buffers = [tensor.to("cpu", dtype) for tensor in _buffers(outputs, layout)]  # one copy per buffer and batch
+        del outputs
         for row, example in enumerate(chunk):
             length = lengths[example]
             tokens = slice(width - length, width) if left else slice(0, length)
-            parts = []
-            for tensor in _buffers(outputs, layout, row):
-                parts.append(tensor[..., tokens, :][..., tokens] if tensor.dim() == 3 else tensor[tokens])
             at = int(offsets[example - examples.start])
-            flat = torch.cat([part.reshape(-1) for part in parts]).to("cpu", dtype)
-            values[at:at + flat.numel()] = flat
+            for tensor in buffers:
+                part = tensor[row][..., tokens, :][..., tokens] if tensor.dim() == 4 else tensor[row][tokens]
+                values[at:at + part.numel()] = part.reshape(-1)
+                at += part.numel()
         progress.update(len(chunk))
     data_path, offsets_path = _shard_paths(folder, index)
-    temporary = data_path.with_suffix(".bin.tmp")
-    _raw(values).numpy().tofile(temporary)
-    os.replace(temporary, data_path)
-    temporary = offsets_path.with_suffix(".tmp.npy")
-    np.save(temporary, offsets)
-    os.replace(temporary, offsets_path)  # last: the shard is complete
+    _write_durably(data_path, data_path.with_suffix(".bin.tmp"), _raw(values).numpy().tofile)
+    _write_durably(offsets_path, offsets_path.with_suffix(".tmp.npy"), lambda handle: np.save(handle, offsets))
+    # the offsets last: the shard is complete when they exist
+
+
+def _write_durably(path: Path, temporary: Path, write) -> None:
+    """``write(file)`` into ``temporary``, flushed to disk, then renamed to ``path`` (never a partial file there)."""
+    with open(temporary, "wb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def _raw(values: torch.Tensor) -> torch.Tensor:
@@ -272,16 +279,16 @@ def _raw(values: torch.Tensor) -> torch.Tensor:
     return values.view(_RAW_TORCH[values.dtype])
 
 
-def _buffers(outputs: ModelOutputs, layout: CacheLayout, row: int) -> list[torch.Tensor]:
-    """One example's (padded) buffers in layout order: (T, H) hidden states / q / k / v, (A, T, T) scores."""
+def _buffers(outputs: ModelOutputs, layout: CacheLayout) -> list[torch.Tensor]:
+    """A batch's buffers in layout order: (B, T, H) hidden states / q / k / v, (B, A, T, T) scores."""
     found = []
     for kind, layer in layout.reads:
         if kind == "hidden_states":
-            found.append(outputs.hidden_states[layer][row])
+            found.append(outputs.hidden_states[layer])
         elif kind == "attentions":
-            found.append(outputs.attentions[layer - 1][row])
+            found.append(outputs.attentions[layer - 1])
         else:
-            found.extend(t[row] for t in outputs.qkv[layer - 1])
+            found.extend(outputs.qkv[layer - 1])
     return found
 
 
@@ -375,6 +382,7 @@ class CachedCollator:
         indices = [int(example[INDEX_COLUMN]) for example in examples]
         batch = self.collate_fn([_without_index(example) for example in examples])
         width = batch["attention_mask"].shape[1]
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
         left = _left_padded(batch)
         layout = self.cache.layout
         names = []
@@ -389,6 +397,9 @@ class CachedCollator:
             padded = torch.zeros(shape, dtype=self.cache.dtype)
             for row, values in enumerate(rows):
                 length = values.shape[-2]
+                if length != lengths[row]:
+                    raise ValueError(f"teacher-output cache row {indices[row]} holds {length} tokens, the example "
+                                     f"{lengths[row]}: the cache was made for other data; delete its folder")
                 tokens = slice(width - length, width) if left else slice(0, length)
                 if quadratic:
                     padded[row, :, tokens, tokens] = values
@@ -402,7 +413,7 @@ def with_cache_index(dataset):
     """``dataset`` with :data:`INDEX_COLUMN`, each example's row (the cache is written in the dataset's order)."""
     if INDEX_COLUMN in dataset.column_names:
         dataset = dataset.remove_columns(INDEX_COLUMN)
-    return dataset.add_column(INDEX_COLUMN, list(range(len(dataset))))
+    return dataset.add_column(INDEX_COLUMN, np.arange(len(dataset), dtype=np.int64))
 
 
 def cached_outputs(batch: dict, num_layers: int) -> ModelOutputs | None:

@@ -636,9 +636,9 @@ def _truncate_log(path: Path, step: int) -> None:
 
 def check_interval(device: torch.device, config: TrainConfig) -> int:
     """Optimizer steps between reads of the loss terms from the device: every step on a CPU (reading costs nothing
-    there), every ``log_steps`` on an accelerator, where each read stops the host until the device has finished the
+    there), every ``log_steps`` (at most 100) on an accelerator, where each read stops the host until the device has finished the
     step, so the next step's kernels cannot be queued behind it."""
-    return 1 if device.type == "cpu" else config.log_steps
+    return 1 if device.type == "cpu" else min(config.log_steps, 100)
 
 
 class _TermWatch:

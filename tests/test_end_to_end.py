@@ -140,7 +140,8 @@ def test_teacher_cache_runs_the_intermediate_step_from_cached_teacher_outputs(sm
     assert "teacher-output cache: " in result.stderr and " in float16 (" in result.stderr
     cache = json.loads((copy / "teacher_outputs" / "stage.json").read_text())
     assert cache["dtype"] == "float16" and cache["bytes"] > 0 and cache["seconds"] >= 0
-    assert json.loads((copy / "student_intermediate" / "stage.json").read_text())["run_id"] != old
+    step = json.loads((copy / "student_intermediate" / "stage.json").read_text())
+    assert step["run_id"] != old and step["teacher_cache"] == cache["run_id"]
     stages = json.loads((copy / "report.json").read_text())["student"]["timing"]["stage_seconds"]
     assert list(stages)[:5] == ["teacher", "mlm", "augmented", "general", "teacher_outputs"]
     assert "| teacher outputs (cached) |" in (copy / "report.md").read_text()

@@ -226,3 +226,22 @@ def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_tok
             assert np.array_equal(np.asarray(row, dtype=np.float32), want)
         again = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", device=torch.device("cpu"))
         assert again["teacher_logits"] == stored  # read back from disk, not recomputed differently
+
+
+def test_a_cache_built_from_left_padded_batches_gives_the_uncached_losses(tmp_path, tiny_roberta_tokenizer):
+    """Left padding (RoBERTa counts positions from the first real token, so padding does not move them): built and
+    read on the left, the cached terms equal the uncached ones."""
+    from tests.conftest import tiny_roberta
+
+    tiny_roberta_tokenizer.padding_side = "left"
+    data, collate = _data(), DataCollatorWithPadding(tiny_roberta_tokenizer)
+    teacher = tiny_roberta(seed=0, num_hidden_layers=3)
+    student = tiny_roberta(seed=1, hidden_size=16, intermediate_size=32).train()
+    objective = DistillationObjective(teacher, student, TERMS, [2, 3])
+    cache = _cache(objective, data, collate, tmp_path / "cache", batch_size=5)
+    assert bool((collate([data[0], data[1]])["attention_mask"][:, 0] == 0).any())  # really left-padded
+    uncached = _step_losses(objective, data, collate)
+    cached = _step_losses(objective, with_cache_index(data), cache.collator(collate))
+    for a, b in zip(uncached, cached):
+        for name in a:
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
