@@ -11,6 +11,7 @@ ever read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ import datasets
 import torch
 from tqdm.auto import tqdm
 
-from augment.augmenter import CandidateGenerator, sample_copies, sample_word_copies
+from augment.augmenter import CandidateGenerator, sample_copies, sample_word_copies, split_words
 from augment.tokens import check_words, is_word_list_feature, word_candidates, word_masks
 from distill.checkpoint import CheckpointError, write_json_atomic
 from distill.config import AugmentConfig, fingerprint, to_dict
@@ -142,14 +143,36 @@ def _output_features(dataset: datasets.Dataset) -> datasets.Features:
     return features
 
 
-def examples_to_augment(num_examples: int, config: AugmentConfig) -> int:
+def examples_to_augment(num_examples: int, config: AugmentConfig, mlm_words: list[int] | None = None) -> int:
     """How many of the first examples are augmented: ``max_examples`` (None: all), and under ``max_rows`` no more
     than (max_rows − n) / num_copies, so the augmented set stays within about ``max_rows`` rows whatever the size of
-    the task (a small task is augmented in full, a large one in part)."""
+    the task (a small task is augmented in full, a large one in part); under ``max_mlm_words``, no more than the first
+    examples whose masked-LM work (``mlm_words``, :func:`masked_lm_words`) sums to at most that, so that long texts,
+    whose every word is a masked row as long as the text, cannot make augmentation run for hours."""
     limit = num_examples if config.max_examples is None else min(config.max_examples, num_examples)
     if config.max_rows is not None and config.num_copies > 0:
         limit = min(limit, max(0, (config.max_rows - num_examples) // config.num_copies))
+    if config.max_mlm_words is not None and config.num_copies > 0:
+        if mlm_words is None:
+            raise ValueError("examples_to_augment: max_mlm_words needs each example's masked-LM work (mlm_words)")
+        total = 0
+        for index in range(limit):
+            total += mlm_words[index]
+            if total > config.max_mlm_words:
+                return index
     return limit
+
+
+def masked_lm_words(example: dict, text_columns: tuple[str, ...], mlm_context: str) -> int:
+    """An example's masked-LM work in words: per text, (its words) × (the words of a masked row: the text, twice
+    with ``mlm_context`` "pair", which appends the original). Every word counts, an upper bound of the rows the
+    augmenter sends (it skips stop words and words of several pieces); word pieces are about 1.2-1.4 words'."""
+    work = 0
+    for column in text_columns:
+        value = example[column]
+        words = len(value) if isinstance(value, (list, tuple)) else len(split_words(value or ""))
+        work += words * words * (2 if mlm_context == "pair" else 1)
+    return work
 
 
 def augment_dataset(
@@ -198,7 +221,15 @@ def augment_dataset(
     shard_dir = Path(output_dir) / SHARDS
     _claim(shard_dir, run_id)
     features = _output_features(dataset)
-    limit = examples_to_augment(len(dataset), config)
+    mlm_words = None
+    if config.max_mlm_words is not None:
+        first = examples_to_augment(len(dataset), dataclasses.replace(config, max_mlm_words=None))
+        texts = dataset.select_columns(list(text_columns)).select(range(first))
+        mlm_words = [masked_lm_words(example, text_columns, config.mlm_context) for example in texts]
+    limit = examples_to_augment(len(dataset), config, mlm_words)
+    if mlm_words is not None:
+        logger.info("augment.max_mlm_words %d: %d of the first %d examples augmented (%d words of masked-LM work)",
+                    config.max_mlm_words, limit, len(mlm_words), sum(mlm_words[:limit]))
     jobs = [
         (k, list(range(k * config.shard_size, min((k + 1) * config.shard_size, limit))))
         for k in range(math.ceil(limit / config.shard_size))

@@ -185,6 +185,9 @@ class AugmentConfig:
     max_examples: int | None = option(None, "augment only the first N examples, keep the rest as they are")
     max_rows: int | None = option(None, "budget: augment as many of the first examples as keep the set within about "
                                   "this many rows, (max_rows - n) / num_copies")
+    max_mlm_words: int | None = option(None, "budget of masked-LM work: augment as many of the first examples as keep "
+                                       "the sum of (words x words per masked row) within this (one masked row per "
+                                       "word; a row is its text, twice with mlm_context pair)")
     batch_size: int = option(32, "masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)")
     shard_size: int = option(1000, "source examples per shard written (resume granularity)")
     num_workers: int = option(1, "processes, each augmenting whole shards with its own masked LM")
@@ -201,6 +204,8 @@ class AugmentConfig:
         _check(self.shard_size > 0, "shard_size", f"must be > 0, got {self.shard_size}")
         _check(self.num_workers > 0, "num_workers", f"must be > 0, got {self.num_workers}")
         _check(self.max_rows is None or self.max_rows > 0, "max_rows", f"must be > 0, got {self.max_rows}")
+        _check(self.max_mlm_words is None or self.max_mlm_words > 0, "max_mlm_words",
+               f"must be > 0, got {self.max_mlm_words}")
         _check(self.pair_copies in ("both", "one"), "pair_copies", f"must be both or one, got {self.pair_copies!r}")
 
 
@@ -573,7 +578,7 @@ def to_dict(config: Any) -> dict:
 # they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
 # name at any depth: a name here must not be used by another config field.
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
-                  "max_train_examples_cpu": None, "teacher_cache": None}
+                  "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None}
 
 
 def _added_default(key: Any, value: Any) -> bool:

@@ -279,3 +279,26 @@ def test_pair_copies_one_changes_one_text_of_a_pair_per_copy():
     changed = [(r["sentence1"] != example["sentence1"], r["sentence2"] != example["sentence2"]) for r in one[1:]]
     assert changed and all(a != b for a, b in changed)  # exactly one text changed in every copy
     assert {a for a, _ in changed} == {True, False}  # the first text in some copies, the second in others
+
+
+def test_max_mlm_words_bounds_the_masked_lm_work_not_only_the_rows(generator, tmp_path):
+    """Per example and text, words x words of a masked row (pair context: the text twice): 50, 26, 26, 16, 10 here.
+    A budget of 100 augments the first two examples (76; the third would make 102); the rest are kept as they are."""
+    from augment.dataset import examples_to_augment, masked_lm_words
+
+    work = [masked_lm_words(example, ("sentence1", "sentence2"), "pair") for example in _dataset()]
+    assert work == [50, 26, 26, 16, 10]
+    assert masked_lm_words(_dataset()[0], ("sentence1",), "single") == 16
+    assert masked_lm_words({"tokens": ["Paris", "is", "big"]}, ("tokens",), "pair") == 18  # a word list: its length
+    config = AugmentConfig(num_copies=3, max_mlm_words=100)
+    assert examples_to_augment(5, config, work) == 2
+    assert examples_to_augment(5, AugmentConfig(num_copies=3, max_mlm_words=100, max_examples=1), work) == 1
+    assert examples_to_augment(5, AugmentConfig(num_copies=3, max_mlm_words=10_000), work) == 5
+    with pytest.raises(ValueError, match="mlm_words"):
+        examples_to_augment(5, config)
+    out = augment_dataset(_dataset(), ("sentence1", "sentence2"), generator,
+                          AugmentConfig(num_copies=3, replace_prob=0.5, seed=3, shard_size=2, batch_size=2,
+                                        max_mlm_words=100), tmp_path)
+    augmented = {row["source_index"] for row in out.to_list() if row["is_augmented"]}
+    assert augmented and augmented <= {0, 1}
+    assert sorted(row["source_index"] for row in out.to_list() if not row["is_augmented"]) == [0, 1, 2, 3, 4]
