@@ -28,6 +28,7 @@ What is measured here, and what is assumed:
 
 Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-peak-tflops 312] [--gpu-utilization 0.3]
        python bench/fullsize_plan.py --cpu-gflops 225.6 --copies-per-example 14.9   (the throughput as measured before)
+       [--teacher-cache]   (the intermediate step's teacher run once, and the cache's disk)
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 DATA = ROOT.parent / "shared" / "data" / "glue"
 QA_DATA = ROOT.parent / "shared" / "data" / "qa" / "squad-v1.1"
-TEACHER = {"layers": 12, "hidden": 768, "ffn": 3072}  # BERT-base
+TEACHER = {"layers": 12, "hidden": 768, "ffn": 3072, "heads": 12}  # BERT-base
 STUDENT = {"layers": 4, "hidden": 312, "ffn": 1200}  # TinyBERT-4
 MASKED_LM_HEAD = 2 * 768 * 30522  # FLOPs of the MLM head at the one masked position of a row
 EPOCHS = {"teacher": 3, "intermediate": 10, "prediction": 3}
@@ -111,9 +112,19 @@ def squad_features(tokenizer, max_seq_length: int = 384, doc_stride: int = 128) 
             "padded": padded_tokens(lengths), "single_piece_words": 0.0, "teacher_epochs": 2, "augment": False}
 
 
+def cache_bytes(task: dict, copies_per_example: float, bytes_per_value: int = 2) -> float:
+    """Disk of the intermediate step's teacher-output cache (``distill.teacher_cache``): per augmented row of T real
+    tokens, hidden states (T, 768) of the embeddings and the 4 mapped layers and scores (12, T, T) of those layers."""
+    rows = task["rows"] * (1 + copies_per_example) if task.get("augment", True) else task["rows"]
+    tokens, layers = task["tokens"], STUDENT["layers"]
+    values = (1 + layers) * tokens * TEACHER["hidden"] + layers * TEACHER["heads"] * tokens * tokens
+    return rows * values * bytes_per_value
+
+
 def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flops_per_s: float,
-         augment_flops_per_s: float) -> list[dict]:
-    """Rows, tokens, FLOPs and time of each stage of the full-size job for one task."""
+         augment_flops_per_s: float, teacher_cache: bool = False) -> list[dict]:
+    """Rows, tokens, FLOPs and time of each stage of the full-size job for one task; with ``teacher_cache``, the
+    intermediate step's teacher runs one pass (the cache) instead of one per epoch (reading the cache not counted)."""
     rows, padded = task["rows"], task["padded"]
     augmented = rows * (1 + copies_per_example) if task.get("augment", True) else rows
     teacher_forward, student_forward = forward_flops(TEACHER, padded), forward_flops(STUDENT, padded)
@@ -124,7 +135,8 @@ def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flop
         ("teacher fine-tuning", rows * epochs, 3 * teacher_forward * rows * epochs, 0.0),
         ("augmentation (masked LM)", mlm_rows, mlm_rows * (forward_flops(TEACHER, 2 * task["tokens"]) + MASKED_LM_HEAD),
          0.0),
-        ("intermediate step", augmented * EPOCHS["intermediate"], augmented * EPOCHS["intermediate"] * teacher_forward,
+        ("intermediate step", augmented * EPOCHS["intermediate"],
+         augmented * (1 if teacher_cache else EPOCHS["intermediate"]) * teacher_forward,
          augmented * EPOCHS["intermediate"] * 3 * student_forward),
         ("teacher logits (cached once)", augmented, augmented * teacher_forward, 0.0),
         ("prediction step", augmented * EPOCHS["prediction"], 0.0, augmented * EPOCHS["prediction"] * 3 * student_forward),
@@ -147,6 +159,8 @@ def main() -> None:
     parser.add_argument("--gpu-utilization", type=float, default=0.3)
     parser.add_argument("--augment-gflops", type=float, default=110.0,
                         help="masked-LM throughput of the augmenter on this CPU (bench/augment_speed.py)")
+    parser.add_argument("--teacher-cache", action="store_true", help="plan the intermediate step with the "
+                        "teacher-output cache (one teacher pass, not one per epoch) and print the cache's size")
     parser.add_argument("--copies-per-example", type=float, help="augmented rows kept per example (default: measured "
                         "from runs/sst2_mpnet/augmented/stage.json, 1,000 examples augmented)")
     args = parser.parse_args()
@@ -183,7 +197,7 @@ def main() -> None:
               f"{stats['padded']:.1f} per padded row, {stats['single_piece_words']:.1f} single-piece words each")
         print(f"{'stage':30s} {'sequences':>12s} {'tokens':>10s} {'teacher PFLOP':>14s} {'student PFLOP':>14s} "
               f"{'CPU hours':>10s} {'GPU hours':>10s}")
-        rows = plan(stats, copies, cpu, gpu, args.augment_gflops * 1e9)
+        rows = plan(stats, copies, cpu, gpu, args.augment_gflops * 1e9, args.teacher_cache)
         for row in rows:
             print(f"{row['stage']:30s} {row['sequences']:12,.0f} {row['tokens'] / 1e9:9.2f}B "
                   f"{row['teacher_flops'] / 1e15:14.1f} {row['student_flops'] / 1e15:14.1f} {row['cpu_hours']:10.1f} "
@@ -191,6 +205,10 @@ def main() -> None:
         total_cpu, total_gpu = sum(r["cpu_hours"] for r in rows), sum(r["gpu_hours"] for r in rows)
         print(f"{'total':30s} {'':>12s} {'':>10s} {'':>14s} {'':>14s} {total_cpu:10.1f} {total_gpu:10.2f}")
         result["tasks"][task] = {"stats": stats, "stages": rows, "cpu_hours": total_cpu, "gpu_hours": total_gpu}
+        if args.teacher_cache:
+            size = cache_bytes(stats, copies)
+            result["tasks"][task]["teacher_cache_bytes"] = size
+            print(f"teacher-output cache (float16): {size / 1e9:,.0f} GB of disk")
     print(json.dumps(result))
 
 
