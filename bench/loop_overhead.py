@@ -74,7 +74,7 @@ def objective(args, vocab_size: int) -> DistillationObjective:
 def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefetch: bool = True) -> float:
     """Seconds per step of :func:`train`: the difference of a short and a long run over the extra steps."""
     seconds = []
-    for steps in (args.warmup, args.warmup + args.steps):
+    for steps in ((args.warmup,) if args.compile else ()) + (args.warmup, args.warmup + args.steps):  # compile once
         config = TrainConfig(max_steps=steps, batch_size=args.batch_size, learning_rate=1e-4, save_steps=10**6,
                              log_steps=10, seed=0, mixed_precision=args.mixed_precision)
         with tempfile.TemporaryDirectory() as folder:
@@ -84,7 +84,7 @@ def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefet
             train(target, data, collate, config, folder, "bench", "loop", device=device, prefetch=prefetch)
             synchronize(device)
             seconds.append(time.perf_counter() - start)
-    return (seconds[1] - seconds[0]) / args.steps
+    return (seconds[-1] - seconds[-2]) / args.steps
 
 
 def time_model_work(args, data, collate, vocab_size: int, device: torch.device) -> float:
@@ -150,6 +150,12 @@ def main() -> None:
         inline = time_loop(args, data, collate, tokenizer.vocab_size, device, prefetch=False)
         rows.append({"loop_ms": 1000 * loop, "loop_inline_ms": 1000 * inline, "model_work_ms": 1000 * work,
                      "ratio": loop / work, "ratio_inline": inline / work})
+        if args.compile:  # the same model work without torch.compile: what compiling buys
+            eager = time_model_work(argparse.Namespace(**{**vars(args), "compile": False}), data, collate,
+                                    tokenizer.vocab_size, device)
+            rows[-1].update(model_work_eager_ms=1000 * eager, compile_speedup=eager / work)
+            print(f"repeat {repeat + 1}: model work without torch.compile {1000 * eager:.1f} ms/step, compiled "
+                  f"{eager / work:.2f}x faster", flush=True)
         print(f"repeat {repeat + 1}: loop {1000 * loop:.1f} ms/step (collating inline {1000 * inline:.1f}), model "
               f"work {1000 * work:.1f} ms/step, ratio {loop / work:.3f} (inline {inline / work:.3f})", flush=True)
     summary = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
