@@ -150,14 +150,14 @@ def main() -> None:
         inline = time_loop(args, data, collate, tokenizer.vocab_size, device, prefetch=False)
         rows.append({"loop_ms": 1000 * loop, "loop_inline_ms": 1000 * inline, "model_work_ms": 1000 * work,
                      "ratio": loop / work, "ratio_inline": inline / work})
+        print(f"repeat {repeat + 1}: loop {1000 * loop:.1f} ms/step (collating inline {1000 * inline:.1f}), model "
+              f"work {1000 * work:.1f} ms/step, ratio {loop / work:.3f} (inline {inline / work:.3f})", flush=True)
         if args.compile:  # the same model work without torch.compile: what compiling buys
             eager = time_model_work(argparse.Namespace(**{**vars(args), "compile": False}), data, collate,
                                     tokenizer.vocab_size, device)
             rows[-1].update(model_work_eager_ms=1000 * eager, compile_speedup=eager / work)
             print(f"repeat {repeat + 1}: model work without torch.compile {1000 * eager:.1f} ms/step, compiled "
                   f"{eager / work:.2f}x faster", flush=True)
-        print(f"repeat {repeat + 1}: loop {1000 * loop:.1f} ms/step (collating inline {1000 * inline:.1f}), model "
-              f"work {1000 * work:.1f} ms/step, ratio {loop / work:.3f} (inline {inline / work:.3f})", flush=True)
     summary = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
     print(f"median over {args.repeats}: loop {summary['loop_ms']:.1f} ms/step (collating inline "
           f"{summary['loop_inline_ms']:.1f}), model work {summary['model_work_ms']:.1f} ms/step, ratio "
