@@ -94,26 +94,35 @@ def time_model_work(args, data, collate, vocab_size: int, device: torch.device) 
     indices = list(sampler)[: args.warmup + args.steps]
     batches = [{k: v.to(device) for k, v in collate([data[i] for i in batch]).items()} for batch in indices]
     target = objective(args, vocab_size).to(device).train()
-    config = TrainConfig(learning_rate=1e-4)
-    optimizer = _optimizer(target.trainable, config, fused=device.type == "cuda" and args.mixed_precision != "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.mixed_precision)
+    return bare_step_seconds(target, batches, args.warmup, device, dtype,
+                             fused=device.type == "cuda" and args.mixed_precision != "fp16")
+
+
+def bare_step_seconds(target, batches: list[dict], warmup: int, device: torch.device, dtype: torch.dtype | None = None,
+                      fused: bool = False) -> float:
+    """Seconds per step of ``target``'s forward, backward, clipping and AdamW over ``batches[warmup:]`` (after
+    ``batches[:warmup]`` untimed), in a bare loop: no collation, no checks, no logging. Each step gets a shallow copy
+    of its batch (an objective may take entries out of it, as the teacher-output cache's do)."""
+    config = TrainConfig(learning_rate=1e-4)
+    optimizer = _optimizer(target.trainable, config, fused=fused)
 
     def step(batch):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss, _ = target(batch)
+            loss, _ = target(dict(batch))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(target.trainable.parameters(), config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for batch in batches[: args.warmup]:
+    for batch in batches[:warmup]:
         step(batch)
     synchronize(device)
     start = time.perf_counter()
-    for batch in batches[args.warmup:]:
+    for batch in batches[warmup:]:
         step(batch)
     synchronize(device)
-    return (time.perf_counter() - start) / args.steps
+    return (time.perf_counter() - start) / (len(batches) - warmup)
 
 
 def synchronize(device: torch.device) -> None:

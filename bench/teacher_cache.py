@@ -36,6 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
 from transformers import MPNetConfig, MPNetForSequenceClassification  # noqa: E402
@@ -50,8 +51,9 @@ from distill.teacher_cache import (  # noqa: E402
     build_teacher_cache,
     with_cache_index,
 )
-from distill.trainer import EpochBatchSampler, _optimizer, train  # noqa: E402
+from distill.trainer import EpochBatchSampler, train  # noqa: E402
 from teachers.models import resolve_model  # noqa: E402
+from loop_overhead import bare_step_seconds  # noqa: E402  (bench/loop_overhead.py)
 
 LAYER_MAP = [3, 6, 9, 12]
 TERMS = {"embedding": 1.0, "hidden": 1.0, "attention": 1.0}
@@ -86,23 +88,7 @@ def time_student_only(args, data, collate, vocab_size: int) -> float:
     sampler.set_position(0, 0)
     indices = list(sampler)[: args.warmup + args.steps]
     batches = [collate([data[i] for i in batch]) for batch in indices]
-    target = objective(vocab_size).train()
-    config = TrainConfig(learning_rate=1e-4)
-    optimizer = _optimizer(target.trainable, config, fused=False)
-
-    def step(batch):
-        loss, _ = target(dict(batch))  # a copy: the objective takes the cached buffers out of the batch
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.trainable.parameters(), config.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for batch in batches[: args.warmup]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in batches[args.warmup:]:
-        step(batch)
-    return (time.perf_counter() - start) / args.steps
+    return bare_step_seconds(objective(vocab_size).train(), batches, args.warmup, torch.device("cpu"))
 
 
 def main() -> None:
