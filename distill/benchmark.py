@@ -38,7 +38,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from distill.checkpoint import write_json_atomic

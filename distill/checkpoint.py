@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -46,14 +46,25 @@ def disk_full_hint(error: OSError) -> str:
     return f"{error.strerror or error}; fix that"
 
 
+def write_atomic(path: Path, write: Callable[[IO], Any], mode: str = "wb", temporary: Path | None = None) -> None:
+    """``write(file)`` into a temporary file beside ``path`` (or ``temporary``), flushed to disk, then renamed to
+    ``path``: readers never see half a file, and a crash leaves the old file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if temporary is None:
+        handle = tempfile.NamedTemporaryFile(mode, dir=path.parent, suffix=".tmp", delete=False,
+                                             **({} if "b" in mode else {"encoding": "utf-8"}))
+    else:
+        handle = open(temporary, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    with handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(handle.name, path)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
+    write_atomic(path, lambda f: json.dump(data, f, indent=2, default=str), mode="w")
 
 
 def save_checkpoint(

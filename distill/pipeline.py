@@ -532,8 +532,6 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
     Raises:
         FolderInUseError: another process is running a job in ``output_dir``.
     """
-    from distill.benchmark import resolve_model_folder, run_benchmark
-
     if not config.sweep:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
     device = device if device is not None else run_device()

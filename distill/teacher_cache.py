@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,8 @@ import torch
 from tqdm.auto import tqdm
 
 from distill.capture import ModelOutputs, run_model
-from distill.checkpoint import folder_run_ids, mark_stage_done, mark_stage_started, stage_done, write_json_atomic
+from distill.checkpoint import (folder_run_ids, mark_stage_done, mark_stage_started, stage_done, write_atomic,
+                               write_json_atomic)
 from distill.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -260,18 +260,9 @@ def _write_shard(teacher, dataset, collate_fn, layout: CacheLayout, lengths: lis
                 at += part.numel()
         progress.update(len(chunk))
     data_path, offsets_path = _shard_paths(folder, index)
-    _write_durably(data_path, data_path.with_suffix(".bin.tmp"), _raw(values).numpy().tofile)
-    _write_durably(offsets_path, offsets_path.with_suffix(".tmp.npy"), lambda handle: np.save(handle, offsets))
+    write_atomic(data_path, _raw(values).numpy().tofile, temporary=data_path.with_suffix(".bin.tmp"))
+    write_atomic(offsets_path, lambda handle: np.save(handle, offsets), temporary=offsets_path.with_suffix(".tmp.npy"))
     # the offsets last: the shard is complete when they exist
-
-
-def _write_durably(path: Path, temporary: Path, write) -> None:
-    """``write(file)`` into ``temporary``, flushed to disk, then renamed to ``path`` (never a partial file there)."""
-    with open(temporary, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 def _raw(values: torch.Tensor) -> torch.Tensor:

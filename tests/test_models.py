@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from transformers import BertForMaskedLM, BertModel, BertTokenizer
 
-from distill.data import ASSETS, GLUE_TASKS, TASKS, get_task, read_glue_tsv
+from distill.data import ASSETS, GLUE_TASKS, get_task, read_glue_tsv
 from distill.evaluate import compute_metrics
 from students import build_student, student_shape
 from distill.config import StudentConfig
