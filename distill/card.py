@@ -64,6 +64,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     teacher = config.teacher
     made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
             f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
+            + (f", the first {teacher.max_train_examples_cpu:,} training examples" if teacher.max_train_examples_cpu
+               else "")
             + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
     dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
     augment = config.augment

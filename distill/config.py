@@ -146,6 +146,14 @@ class TeacherConfig:
     select_best: bool = True  # score dev after every epoch (or eval_steps) and keep the best weights, not the last
     eval_steps: int | None = None  # with select_best: score dev every this many steps (None: at each epoch's end)
     remap_labels: bool = False  # reorder a given teacher's outputs when it names the task's labels in another order
+    # On a CPU, fine-tune on the first N of the training examples the job loads (None: all of them), so that the
+    # distillation steps can see more examples than the teacher was fine-tuned on: labelling one costs the teacher a
+    # forward pass, fine-tuning on it a forward and a backward pass per epoch. On an accelerator it is dropped.
+    max_train_examples_cpu: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_train_examples_cpu is None or self.max_train_examples_cpu > 0, "max_train_examples_cpu",
+               f"must be > 0 or null, got {self.max_train_examples_cpu}")
 
 
 @dataclass

@@ -609,16 +609,24 @@ def run_pipeline(config: PipelineConfig, device: torch.device | None = None, com
 
 def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
     """``config`` with the budget rules that depend on where the job runs resolved, so that run ids and the saved
-    config say what runs: on a CPU, ``task.max_train_examples_cpu`` caps ``task.max_train_examples``; on an
-    accelerator it is dropped (the whole training set, or ``max_train_examples``)."""
+    config say what runs: on a CPU, ``task.max_train_examples_cpu`` caps ``task.max_train_examples`` and
+    ``teacher.max_train_examples_cpu`` stays (the teacher's share of them); on an accelerator both are dropped (the
+    whole training set, or ``max_train_examples``, for the teacher and the student alike)."""
     cap = config.task.max_train_examples_cpu
-    if cap is None:
-        return config
-    limit = config.task.max_train_examples
-    if device.type == "cpu":
-        limit = cap if limit is None else min(limit, cap)
-        logger.info("task.max_train_examples_cpu: the first %d training examples on the CPU", limit)
-    return with_overrides(config, {"task.max_train_examples": limit, "task.max_train_examples_cpu": None})
+    overrides = {}
+    if cap is not None:
+        limit = config.task.max_train_examples
+        if device.type == "cpu":
+            limit = cap if limit is None else min(limit, cap)
+            logger.info("task.max_train_examples_cpu: the first %d training examples on the CPU", limit)
+        overrides.update({"task.max_train_examples": limit, "task.max_train_examples_cpu": None})
+    if config.teacher.max_train_examples_cpu is not None:
+        if device.type == "cpu":
+            logger.info("teacher.max_train_examples_cpu: the teacher is fine-tuned on the first %d of them",
+                        config.teacher.max_train_examples_cpu)
+        else:
+            overrides["teacher.max_train_examples_cpu"] = None
+    return with_overrides(config, overrides) if overrides else config
 
 
 def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:

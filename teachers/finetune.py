@@ -107,7 +107,8 @@ def finetune_teacher(
     config: TeacherConfig, task: TaskConfig, spec: TaskSpec, data: datasets.DatasetDict, stage_dir: Path, run_id: str,
     *, device: torch.device,
 ) -> dict:
-    """Fine-tune ``config.base_model`` with a new classification head on ``data["train"]``; save to ``stage_dir``.
+    """Fine-tune ``config.base_model`` with a new classification head on ``data["train"]`` (on a CPU its first
+    ``config.max_train_examples_cpu`` examples when set); save to ``stage_dir``.
 
     The run checkpoints into ``stage_dir/checkpoints`` and resumes from there; the final model and tokenizer are saved
     as a plain HF checkpoint in ``stage_dir`` and the stage is marked done with its dev metrics. Training and the
@@ -130,7 +131,10 @@ def finetune_teacher(
         problem_type="regression" if spec.is_regression else "single_label_classification",
         **names,
     )
-    train_set = tokenize(data["train"], tokenizer, spec, task.max_seq_length)
+    train_examples = data["train"]
+    if config.max_train_examples_cpu is not None and torch.device(device).type == "cpu":  # the CPU rule (for_device)
+        train_examples = train_examples.select(range(min(config.max_train_examples_cpu, len(train_examples))))
+    train_set = tokenize(train_examples, tokenizer, spec, task.max_seq_length)
     objective = ModelLossObjective(model)
     selection = None
     if config.select_best:

@@ -277,7 +277,8 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     path = tiny_job(tmp_path, tiny_qa_teacher(), tiny_tokenizer,
                     task={"name": "qa", "task_type": "question_answering", "train_file": str(data / "train.json"),
                           "dev_file": str(data / "dev.json"), "max_seq_length": 16},
-                    teacher={"model": None, "base_model": str(encoder), "train": steps, "eval_steps": 1},
+                    teacher={"model": None, "base_model": str(encoder), "train": steps, "eval_steps": 1,
+                             "max_train_examples_cpu": 4},
                     student={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
                              "num_attention_heads": 4, "init": "teacher"},
                     export={"onnx": True, "int8": False})
@@ -290,7 +291,9 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     assert json.loads((student / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
     features = json.loads((out / "teacher_logits" / "stage.json").read_text())["num_rows"]
     assert features > 12  # 12 questions, several features each at 16 pieces
+    assert teacher["num_train_examples"] * 2 < features  # fine-tuned on the first 4 questions, distilled on all 12
     card = (student / "README.md").read_text()
+    assert "the first 4 training examples" in card
     assert "pipeline_tag: question-answering" in card and "QuestionAnswerer(" in card
     export = json.loads((student / "onnx" / "export.json").read_text())
     assert export["files"]["model.onnx"]["same_prediction"] == 1.0
@@ -336,6 +339,14 @@ def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids
     teacher = STAGES["teacher"]
     written_out = with_overrides(shipped, {"task.max_train_examples": 8000, "task.max_train_examples_cpu": None})
     assert teacher.run_id(on_cpu, {}) == teacher.run_id(written_out, {}) != teacher.run_id(on_gpu, {})
+    # The teacher's own share: kept on a CPU (the teacher stage reads it), dropped on an accelerator.
+    shares = with_overrides(shipped, {"task.max_train_examples_cpu": 16000, "teacher.max_train_examples_cpu": 8000})
+    assert for_device(shares, torch.device("cpu")).teacher.max_train_examples_cpu == 8000
+    assert for_device(shares, torch.device("cpu")).task.max_train_examples == 16000
+    assert for_device(shares, torch.device("cuda")).teacher.max_train_examples_cpu is None
+    assert teacher.run_id(for_device(shares, torch.device("cuda")), {}) == teacher.run_id(on_gpu, {})
+    with pytest.raises(ConfigError, match="teacher.max_train_examples_cpu"):
+        with_overrides(shipped, {"teacher.max_train_examples_cpu": 0})
 
 
 def test_a_sweep_resolves_the_cpu_budget_rule_too(tmp_path, monkeypatch):
