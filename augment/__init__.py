@@ -11,7 +11,7 @@ from augment.augmenter import (
     sample_word_copies,
     split_words,
 )
-from augment.dataset import augment_dataset, augment_examples, augment_fingerprint, load_shards
+from augment.dataset import augment_dataset, augment_examples, augment_fingerprint, load_shards, save_dataset
 from augment.tokens import TagMask, only_tags, replacement_stats, word_candidates
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
 
@@ -27,6 +27,7 @@ __all__ = [
     "check_word_vectors",
     "generator_factory",
     "load_shards",
+    "save_dataset",
     "load_stopwords",
     "load_word_vectors",
     "match_case",

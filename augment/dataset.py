@@ -258,7 +258,7 @@ def augment_dataset(
         tail = dataset.select(range(limit, len(dataset)))
         tail = tail.add_column("source_index", list(range(limit, len(dataset))))
         tail = tail.add_column("is_augmented", [False] * len(tail)).cast(features)
-        _save_shard(tail, rest)
+        save_dataset(tail, rest)
     return load_shards(output_dir)
 
 
@@ -269,7 +269,7 @@ def _write_shard(examples, indices, text_columns, generator, config, features, f
         batch = slice(first, first + EXAMPLES_PER_PASS)
         rows += augment_examples(examples[batch], indices[batch], text_columns, generator, config, replaceable)
         advance(len(indices[batch]))
-    _save_shard(_rows_to_dataset(rows, features), final)
+    save_dataset(_rows_to_dataset(rows, features), final)
     return len(indices)
 
 
@@ -306,7 +306,9 @@ def _claim(shard_dir: Path, run_id: str | None) -> None:
         write_json_atomic(marker, {"run_id": run_id})
 
 
-def _save_shard(shard: datasets.Dataset, final: Path) -> None:
+def save_dataset(shard: datasets.Dataset, final: Path) -> None:
+    """Save ``shard`` to the folder ``final`` whole or not at all: written under a temporary name beside it, then
+    renamed (a killed run leaves no partial folder at ``final``)."""
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".tmp-"))
     shard.save_to_disk(str(tmp / "data"))
     os.replace(tmp / "data", final)

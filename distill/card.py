@@ -76,7 +76,9 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
              f"{config.distill.layer_map})" if copied else describe_init(config.student, config.distill.layer_map))
     lines = [f"teacher: {made}; dev {dev}",
              (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
-              f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows"),
+              f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows")
+             + (f", unlabelled sentences of {', '.join(Path(u).name for u in augment.unlabelled)} among them up to "
+                f"augment.max_rows {augment.max_rows} (the teacher's logits their targets)" if augment.unlabelled else ""),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
              f"student: {_student_shape(config) if config.student.model is None else config.student.model}",

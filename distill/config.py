@@ -203,6 +203,11 @@ class AugmentConfig:
     replace_entities: bool = option(False, "token classification: also replace words inside entities (their tags "
                                     "kept; the teacher's logits are the targets); default: only words tagged O "
                                     "(ner_minilm.yaml: true)", flag=False)
+    # A transfer set: sentences of unlabelled text join the distillation set, their only targets the teacher's logits.
+    unlabelled: list[str] = field(default_factory=list, metadata={
+        "help": "text files (.txt/.gz, one sentence a line), 'bundled' or hub datasets whose sentences, drawn at "
+                "random, fill the room max_rows leaves after augmentation, with no label: the teacher's logits are "
+                "their targets (one-text classification and token classification)", "flag": False})
 
     def __post_init__(self) -> None:
         _check(self.num_copies >= 0, "num_copies", f"must be >= 0, got {self.num_copies}")
@@ -587,7 +592,7 @@ def to_dict(config: Any) -> dict:
 # they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
 # name at any depth: a name here must not be used by another config field.
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
-                  "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None}
+                  "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": []}
 
 
 def _added_default(key: Any, value: Any) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -69,6 +70,37 @@ def _source_dataset(source: str, streaming: bool, column: str):
             loaded = loaded.rename_column(column, "text")
         loaded = loaded.select_columns(["text"])
     return loaded
+
+
+def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3) -> list[str]:
+    """``count`` lines drawn uniformly at random, without replacement, from the lines of a corpus (``names`` as
+    :func:`corpus_sources` takes them) that have at least ``min_words`` words: reservoir sampling (Vitter's
+    Algorithm R) over one streamed pass, so memory holds ``count`` lines whatever the corpus size. Same names, count
+    and seed: the same lines in the same order. Fewer than ``count`` when the corpus has fewer such lines.
+
+    Raises:
+        DataError: a file named does not exist, or the corpus is empty.
+    """
+    from augment.augmenter import split_words
+
+    rng = random.Random(f"{seed}:unlabelled")
+    chosen: list[str] = []
+    seen = 0
+    if count <= 0:
+        return chosen
+    for source in corpus_sources(names):
+        for row in _source_dataset(source, streaming=True, column="text"):
+            line = " ".join(row["text"].split())
+            if len(split_words(line)) < min_words:
+                continue
+            if len(chosen) < count:
+                chosen.append(line)
+            else:
+                slot = rng.randrange(seen + 1)
+                if slot < count:
+                    chosen[slot] = line
+            seen += 1
+    return chosen
 
 
 def pack_lines(

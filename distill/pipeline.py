@@ -33,6 +33,7 @@ from augment import (
     augment_dataset,
     generator_factory,
     load_shards,
+    save_dataset,
 )
 from distill.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
 from distill.checkpoint import (
@@ -44,6 +45,7 @@ from distill.checkpoint import (
     write_json_atomic,
 )
 from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict, with_overrides
+from distill.corpus import sample_lines
 from distill.data import DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
@@ -152,15 +154,49 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id})
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
-        return load_shards(folder), run_id
+        return with_unlabelled(load_shards(folder), config, spec, folder), run_id
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device)
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                 replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
     num_augmented = int(np.sum(augmented["is_augmented"]))
-    mark_stage_done(folder, run_id, {"num_rows": len(augmented), "num_augmented": num_augmented, "device": str(device)})
-    logger.info("augmentation: %d rows (%d augmented) from %d examples", len(augmented), num_augmented, len(data["train"]))
-    return augmented, run_id
+    training_set = with_unlabelled(augmented, config, spec, folder)
+    num_unlabelled = len(training_set) - len(augmented)
+    mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": num_augmented,
+                                     "num_unlabelled": num_unlabelled, "device": str(device)})
+    logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
+                num_augmented, num_unlabelled, len(data["train"]))
+    return training_set, run_id
+
+
+UNLABELLED = "unlabelled"
+
+
+def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: TaskSpec, folder: Path) -> datasets.Dataset:
+    """The augmented set and, with ``augment.unlabelled``, sentences of that text drawn at random
+    (:func:`distill.corpus.sample_lines`, seeded by ``augment.seed``) to fill the room ``augment.max_rows`` leaves:
+    rows of the task's columns (:meth:`~distill.tasks.TaskType.unlabelled_rows`) with ``source_index`` -1, a
+    placeholder label, and the teacher's logits as their only target (a transfer set, as in Hinton et al., 2015,
+    §2). Written once to ``<folder>/unlabelled`` by a write-then-rename, read back on a rerun."""
+    if not config.augment.unlabelled:
+        return augmented
+    path = folder / UNLABELLED
+    if not path.is_dir():
+        room = max(0, config.augment.max_rows - len(augmented))
+        texts = sample_lines(config.augment.unlabelled, room, seed=config.augment.seed)
+        if not texts:
+            logger.warning("augment.unlabelled: no room left (augment.max_rows %d, %d rows augmented) or no sentence of "
+                           "three words or more in the text; the set has no unlabelled rows", config.augment.max_rows,
+                           len(augmented))
+            return augmented
+        columns = spec.type.unlabelled_rows(spec, texts)
+        columns.update(source_index=[-1] * len(texts), is_augmented=[True] * len(texts))
+        rows = datasets.Dataset.from_dict({name: columns.get(name, [None] * len(texts)) for name in augmented.features},
+                                          features=augmented.features)
+        save_dataset(rows, path)
+        logger.info("augment.unlabelled: %d sentences fill the room augment.max_rows %d leaves", len(texts),
+                    config.augment.max_rows)
+    return datasets.concatenate_datasets([augmented, datasets.load_from_disk(str(path))])
 
 
 def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> dict:

@@ -30,6 +30,9 @@ def preflight(config: PipelineConfig) -> None:
         ConfigError: an unknown student preset or an impossible student shape; augmentation on for a task type that
             it would corrupt (question answering).
     """
+    if config.augment.unlabelled and not config.augment.enabled:
+        raise ConfigError("augment.unlabelled: its sentences join the augmented set, and augment.enabled is false; "
+                          "set augment.enabled: true, or drop augment.unlabelled")
     if config.augment.enabled:
         kind = task_spec(config.task).type
         if not kind.supports_augmentation:
@@ -41,6 +44,8 @@ def preflight(config: PipelineConfig) -> None:
                            "entity words it replaced, which the new words mostly do not bear, and the hard-label term "
                            "trains on them; set distill.hard_label_weight: 0 (the teacher's logits are the targets) "
                            "or augment.replace_entities: false", config.distill.hard_label_weight)
+        if config.augment.unlabelled:
+            check_unlabelled(config)
         check_word_vectors(config.augment.word_vectors)
         load_stopwords(config.augment.stopwords)
         if config.mlm.model is None:
@@ -55,6 +60,28 @@ def preflight(config: PipelineConfig) -> None:
             corpus_sources(config.general.corpus)
             load_model_config(general_config(config).teacher)
     check_student_fits_teacher(config, teacher)
+
+
+def check_unlabelled(config: PipelineConfig) -> None:
+    """``augment.unlabelled`` can run: a task whose rows are one text, a budget, no hard-label term, files that exist.
+
+    Raises:
+        ConfigError: a pair or question-answering task, no ``augment.max_rows``, or ``distill.hard_label_weight`` > 0.
+        DataError: a file it names does not exist.
+    """
+    spec = task_spec(config.task)
+    try:
+        spec.type.unlabelled_rows(spec, ["a sentence of text"])
+    except ValueError as error:
+        raise ConfigError(f"augment.unlabelled: {error}; drop augment.unlabelled") from None
+    if config.augment.max_rows is None:
+        raise ConfigError("augment.unlabelled: its sentences fill the room augment.max_rows leaves after augmentation, "
+                          "and augment.max_rows is not set; set it (configs/ner_minilm.yaml: 25000)")
+    if config.distill.hard_label_weight > 0:
+        raise ConfigError(f"augment.unlabelled: its sentences have no labels, and distill.hard_label_weight="
+                          f"{config.distill.hard_label_weight:g} would train on their placeholders; set "
+                          "distill.hard_label_weight: 0 (the teacher's logits are the targets)")
+    corpus_sources(config.augment.unlabelled)
 
 
 def check_student_fits_teacher(config: PipelineConfig, teacher: PretrainedConfig | None = None) -> None:

@@ -101,6 +101,16 @@ class TaskType:
         """For augmentation: which words of an example may be replaced (None: any the algorithm picks)."""
         return None
 
+    def unlabelled_rows(self, spec: "TaskSpec", texts: list[str]) -> dict[str, list]:
+        """Training rows made of unlabelled sentences (``augment.unlabelled``, a transfer set whose only targets are
+        the teacher's logits): {column: N values}, the task's text column and ``label``, a placeholder no loss reads
+        (the soft prediction loss takes the teacher's logits; preflight refuses a hard-label term beside them).
+
+        Raises:
+            ValueError: this type, or this task (sentence pairs), cannot make a training row of one sentence.
+        """
+        raise ValueError(f"a {self.description} cannot take unlabelled sentences (one text a row)")
+
 
 class SequenceClassification(TaskType):
     """One label (or one score, for regression) per text or text pair: GLUE tasks and a user's CSV/TSV/JSONL."""
@@ -168,6 +178,12 @@ class SequenceClassification(TaskType):
     def usage(self, model):
         return (f'from transformers import pipeline\n\nclassify = pipeline("text-classification", model="{model}")\n'
                 'print(classify("a charming and often affecting journey"))')
+
+    def unlabelled_rows(self, spec, texts):
+        if len(spec.text_columns) != 1:
+            raise ValueError(f"{spec.name} classifies text pairs ({', '.join(spec.text_columns)}); unlabelled text "
+                             "gives one sentence a row")
+        return {spec.text_columns[0]: list(texts), "label": [0.0 if spec.is_regression else 0] * len(texts)}
 
     def same_prediction(self, outputs, reference, spec, labels=None):
         if spec.is_regression:
@@ -256,6 +272,12 @@ class TokenClassification(TaskType):
             scored = np.asarray(labels[i]) != IGNORE if labels is not None else np.ones(len(a), dtype=bool)
             same.append(np.array_equal(a[scored], b[scored]))  # every scored word predicted alike
         return np.array(same, dtype=bool)
+
+    def unlabelled_rows(self, spec, texts):
+        from augment.augmenter import split_words
+
+        words = [[text[start:end] for start, end in split_words(text)] for text in texts]
+        return {spec.text_columns[0]: words, "label": [[0] * len(w) for w in words]}  # tag 0 marks a scored word
 
     def replaceable_words(self, spec, replace_entities=False):
         if replace_entities:

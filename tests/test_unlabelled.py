@@ -1,0 +1,159 @@
+"""Unlabelled text in the distillation set (``augment.unlabelled``): sentences drawn at random from a corpus fill the
+room ``augment.max_rows`` leaves after augmentation, as rows of the task's columns whose only target is the teacher's
+logits; refused where a row is not one text or where a hard-label term would read their placeholder labels."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+import yaml
+
+from distill.config import ConfigError, TaskConfig, load_config, with_overrides
+from distill.corpus import sample_lines
+from distill.data import DataError, task_spec
+from distill.pipeline import with_unlabelled
+from distill.preflight import check_unlabelled, preflight
+from distill.stages import STAGES
+from distill.tasks.token_classification import IGNORE
+from tests.test_token_classification import TAGS, write_conll
+
+
+def write_corpus(path: Path, lines: list[str]) -> Path:
+    text = "\n".join(lines) + "\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_lines_are_drawn_at_random_from_every_file_the_same_for_a_seed(tmp_path):
+    first = write_corpus(tmp_path / "a.txt", [f"first file line {i}" for i in range(50)] + ["too short", ""])
+    second = write_corpus(tmp_path / "b.txt.gz", [f"second file line {i}" for i in range(50)])
+    drawn = sample_lines([str(first), str(second)], 20, seed=1)
+    assert len(drawn) == len(set(drawn)) == 20 and drawn == sample_lines([str(first), str(second)], 20, seed=1)
+    assert drawn != sample_lines([str(first), str(second)], 20, seed=2)
+    assert any(line.startswith("first") for line in drawn) and any(line.startswith("second") for line in drawn)
+    everything = sample_lines([str(first), str(second)], 1000, seed=1)
+    assert len(everything) == 100 and "too short" not in everything  # fewer than three words are skipped
+    assert sample_lines([str(first)], 0, seed=1) == []
+    with pytest.raises(DataError, match="not found"):
+        sample_lines([str(tmp_path / "missing.txt")], 5, seed=1)
+
+
+def _augmented(columns: dict, features: datasets.Features) -> datasets.Dataset:
+    size = len(next(iter(columns.values())))
+    features = datasets.Features({**features, "source_index": datasets.Value("int64"),
+                                  "is_augmented": datasets.Value("bool")})
+    return datasets.Dataset.from_dict({**columns, "source_index": list(range(size)), "is_augmented": [False] * size},
+                                      features=features)
+
+
+def _ner_spec(tmp_path):
+    conll = write_conll(tmp_path / "ner.conll")
+    return task_spec(TaskConfig(name="ner", task_type="token_classification", train_file=str(conll),
+                                dev_file=str(conll), label_names=list(TAGS)))
+
+
+def test_token_classification_rows_are_words_every_one_scored_and_written_once(tmp_path, tiny_tokenizer):
+    spec = _ner_spec(tmp_path)
+    corpus = write_corpus(tmp_path / "news.txt", ["the actor was in a movie, a fun story!", "the cast and the film",
+                                                  "a terrible plot is fun", "it is a wonderful story"])
+    augmented = _augmented({"tokens": [["the", "actor"], ["a", "film"]], "label": [[0, 1], [0, 3]]},
+                           datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                              "label": datasets.Sequence(datasets.Value("int64"))}))
+    config = with_overrides(load_config(None), {"augment.unlabelled": [str(corpus)], "augment.max_rows": 5})
+    folder = tmp_path / "augmented"
+    folder.mkdir()
+    rows = with_unlabelled(augmented, config, spec, folder)
+    assert len(rows) == 5 and rows.select(range(2)).to_list() == augmented.to_list()  # 3 sentences fill the room
+    extra = rows.select(range(2, 5)).to_list()
+    assert all(row["source_index"] == -1 and row["is_augmented"] for row in extra)
+    assert {tuple(row["tokens"]) for row in extra} <= {
+        ("the", "actor", "was", "in", "a", "movie", ",", "a", "fun", "story", "!"), ("the", "cast", "and", "the", "film"),
+        ("a", "terrible", "plot", "is", "fun"), ("it", "is", "a", "wonderful", "story")}
+    assert all(row["label"] == [0] * len(row["tokens"]) for row in extra)
+    # Tokenised as the task's rows are: the first piece of every word is scored ("wonderful" is two pieces).
+    encoded = spec.type.tokenize(rows.select(range(2, 5)), tiny_tokenizer, spec, 32)
+    for row, labels in zip(extra, encoded["labels"]):
+        assert sum(label != IGNORE for label in labels) == len(row["tokens"])
+    corpus.unlink()  # a rerun reads the rows back: same rows, the corpus not read again
+    assert with_unlabelled(augmented, config, spec, folder).to_list() == rows.to_list()
+    assert with_unlabelled(augmented, with_overrides(config, {"augment.unlabelled": []}), spec, folder).to_list() \
+        == augmented.to_list()
+
+
+def test_one_text_classification_rows_keep_other_columns_empty_and_a_full_set_gets_none(tmp_path):
+    spec = task_spec(TaskConfig(name="sst2"))
+    corpus = write_corpus(tmp_path / "reviews.txt", [f"a film of {i} good scenes" for i in range(10)])
+    augmented = _augmented({"sentence": ["good", "bad"], "label": [1, 0], "idx": [7, 8]},
+                           datasets.Features({"sentence": datasets.Value("string"), "label": datasets.Value("int64"),
+                                              "idx": datasets.Value("int32")}))
+    config = with_overrides(load_config(None), {"augment.unlabelled": [str(corpus)], "augment.max_rows": 6})
+    (tmp_path / "a").mkdir()
+    rows = with_unlabelled(augmented, config, spec, tmp_path / "a").to_list()[2:]
+    assert len(rows) == 4 and all(r["sentence"].startswith("a film of") and r["idx"] is None for r in rows)
+    (tmp_path / "b").mkdir()
+    full = with_overrides(config, {"augment.max_rows": 2})
+    assert len(with_unlabelled(augmented, full, spec, tmp_path / "b")) == 2
+
+
+def _sst2(tmp_path, **overrides):
+    corpus = write_corpus(tmp_path / "text.txt", ["a sentence of text"] * 3)
+    return with_overrides(load_config(None), {"augment.unlabelled": [str(corpus)], "augment.max_rows": 100,
+                                              "distill.hard_label_weight": 0.0, **overrides})
+
+
+def test_preflight_refuses_what_unlabelled_rows_cannot_serve(tmp_path):
+    check_unlabelled(_sst2(tmp_path))  # one text a row, a budget, soft targets only: fine
+    with pytest.raises(ConfigError, match="augment.unlabelled: mrpc classifies text pairs"):
+        check_unlabelled(_sst2(tmp_path, **{"task.name": "mrpc"}))
+    with pytest.raises(ConfigError, match="question-answering reader cannot take unlabelled sentences"):
+        check_unlabelled(_sst2(tmp_path, **{"task.name": "squad"}))
+    with pytest.raises(ConfigError, match="augment.max_rows is not set"):
+        check_unlabelled(_sst2(tmp_path, **{"augment.max_rows": None}))
+    with pytest.raises(ConfigError, match="distill.hard_label_weight=0.5 would train on their placeholders"):
+        check_unlabelled(_sst2(tmp_path, **{"distill.hard_label_weight": 0.5}))
+    with pytest.raises(DataError, match="not found"):
+        check_unlabelled(_sst2(tmp_path, **{"augment.unlabelled": [str(tmp_path / "missing.txt")]}))
+    with pytest.raises(ConfigError, match="augment.enabled is false"):
+        preflight(_sst2(tmp_path, **{"augment.enabled": False}))
+
+
+def test_the_augmented_run_id_reads_the_unlabelled_texts_bytes_and_is_unchanged_without_them(tmp_path):
+    augmented = STAGES["augmented"]
+    plain = load_config(None)
+    config = _sst2(tmp_path)
+    before = augmented.run_id(config, {"mlm": "m"})
+    assert before != augmented.run_id(plain, {"mlm": "m"})
+    write_corpus(tmp_path / "text.txt", ["another sentence of text"] * 3)
+    assert augmented.run_id(config, {"mlm": "m"}) != before
+    budget = with_overrides(plain, {"augment.max_rows": 100, "distill.hard_label_weight": 0.0})
+    assert augmented.run_id(with_overrides(config, {"augment.unlabelled": []}), {"mlm": "m"}) == \
+        augmented.run_id(budget, {"mlm": "m"})  # (the default's run ids are pinned in test_config)
+
+
+def test_the_pipeline_distils_on_unlabelled_rows_and_the_card_says_so(tmp_path, tiny_tokenizer):
+    """The tiny every-stage job (general stage off) with unlabelled text: the augmented stage records the rows it
+    added, the teacher's logits cover them, the student trains on them and its card names the text."""
+    from distill.pipeline import run_pipeline
+    from tests.conftest import tiny_job_every_stage
+
+    path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
+    corpus = write_corpus(tmp_path / "unlabelled.txt", [f"the movie {w} was good" for w in ("plot", "cast", "film")])
+    job = yaml.safe_load(path.read_text())
+    job["general"]["enabled"] = False
+    job["export"]["onnx"] = False
+    job["augment"].update(unlabelled=[str(corpus)], max_rows=40)
+    job["distill"]["hard_label_weight"] = 0.0
+    path.write_text(yaml.safe_dump(job))
+    run_pipeline(load_config(str(path)))
+    out = tmp_path / "run"
+    record = json.loads((out / "augmented" / "stage.json").read_text())
+    assert record["num_unlabelled"] == 3 and record["num_rows"] <= 40
+    assert json.loads((out / "teacher_logits" / "stage.json").read_text())["num_rows"] == record["num_rows"]
+    assert "unlabelled sentences of unlabelled.txt" in (out / "student" / "README.md").read_text()
