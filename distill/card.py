@@ -50,7 +50,7 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
 
 
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
-                 step2: dict | None = None) -> list[str]:
+                 step2: dict | None = None, num_unlabelled: int = 0) -> list[str]:
     """How a student was made, in words for its model card, read from what ran where the stage records say it.
 
     Args:
@@ -60,6 +60,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
             are the terms that ran (``weights`` in the step records), the layers copied into a student cut from the
             teacher are ``copied_layers``.
         num_rows: rows of the distillation training set.
+        num_unlabelled: how many of them are unlabelled text (``augment.unlabelled``).
     """
     teacher = config.teacher
     made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
@@ -77,8 +78,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     lines = [f"teacher: {made}; dev {dev}",
              (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
               f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows")
-             + (f", unlabelled sentences of {', '.join(Path(u).name for u in augment.unlabelled)} among them up to "
-                f"augment.max_rows {augment.max_rows} (the teacher's logits their targets)" if augment.unlabelled else ""),
+             + (f", {num_unlabelled} of them sentences of {', '.join(Path(u).name for u in augment.unlabelled)} with no "
+                f"label (the teacher's logits their targets)" if num_unlabelled else ""),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
              f"student: {_student_shape(config) if config.student.model is None else config.student.model}",

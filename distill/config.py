@@ -590,7 +590,8 @@ def to_dict(config: Any) -> dict:
 
 # Settings added after run ids were in use, with the value that means the behaviour from before them: at that value
 # they stay out of every fingerprint, so outputs made before the setting existed keep their run ids. Matched by
-# name at any depth: a name here must not be used by another config field.
+# name at any depth: a name here must not be used by another config field, unless that one was added with the same
+# old-behaviour value (max_train_examples_cpu: task's and teacher's, None for both).
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": []}
 

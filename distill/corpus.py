@@ -72,11 +72,15 @@ def _source_dataset(source: str, streaming: bool, column: str):
     return loaded
 
 
-def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3) -> list[str]:
+def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3,
+                 exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """``count`` lines drawn uniformly at random, without replacement, from the lines of a corpus (``names`` as
-    :func:`corpus_sources` takes them) that have at least ``min_words`` words: reservoir sampling (Vitter's
-    Algorithm R) over one streamed pass, so memory holds ``count`` lines whatever the corpus size. Same names, count
-    and seed: the same lines in the same order. Fewer than ``count`` when the corpus has fewer such lines.
+    :func:`corpus_sources` takes them) that have at least ``min_words`` words (letter/digit runs and punctuation
+    marks, as :func:`augment.augmenter.split_words` counts them) and are not in ``exclude``: reservoir sampling
+    (Vitter's Algorithm R) over one streamed pass, so memory holds ``count`` lines whatever the corpus size. Lines are
+    whitespace-normalised (runs of spaces made one) before they are compared or returned. Same names, count and
+    seed: the same lines in the same order. Fewer than ``count`` when the corpus has fewer such lines; none, and no
+    file read, when ``count`` <= 0.
 
     Raises:
         DataError: a file named does not exist, or the corpus is empty.
@@ -91,7 +95,7 @@ def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3) ->
     for source in corpus_sources(names):
         for row in _source_dataset(source, streaming=True, column="text"):
             line = " ".join(row["text"].split())
-            if len(split_words(line)) < min_words:
+            if len(split_words(line)) < min_words or line in exclude:
                 continue
             if len(chosen) < count:
                 chosen.append(line)

@@ -154,13 +154,13 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id})
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
-        return with_unlabelled(load_shards(folder), config, spec, folder), run_id
+        return with_unlabelled(load_shards(folder), config, spec, folder, dev_texts(data, spec)), run_id
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device)
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                 replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
     num_augmented = int(np.sum(augmented["is_augmented"]))
-    training_set = with_unlabelled(augmented, config, spec, folder)
+    training_set = with_unlabelled(augmented, config, spec, folder, dev_texts(data, spec))
     num_unlabelled = len(training_set) - len(augmented)
     mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": num_augmented,
                                      "num_unlabelled": num_unlabelled, "device": str(device)})
@@ -172,9 +172,29 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
 UNLABELLED = "unlabelled"
 
 
-def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: TaskSpec, folder: Path) -> datasets.Dataset:
+def num_unlabelled(train_data: datasets.Dataset) -> int:
+    """Rows of unlabelled text in the distillation set (``source_index`` -1)."""
+    if "source_index" not in train_data.column_names:
+        return 0
+    return int(np.sum(np.asarray(train_data["source_index"]) < 0))
+
+
+def dev_texts(data: datasets.DatasetDict, spec: TaskSpec) -> set[str]:
+    """The dev sets' texts, whitespace-normalised (a word list joined by spaces): unlabelled text must not hold them,
+    or the student would be fitted to the teacher's outputs on the examples it is scored on."""
+    texts = set()
+    for split in spec.dev_splits:
+        for column in spec.text_columns:
+            for value in data[split][column]:
+                texts.add(" ".join(value) if isinstance(value, list) else " ".join(str(value).split()))
+    return texts
+
+
+def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: TaskSpec, folder: Path,
+                    exclude: set[str] = frozenset()) -> datasets.Dataset:
     """The augmented set and, with ``augment.unlabelled``, sentences of that text drawn at random
-    (:func:`distill.corpus.sample_lines`, seeded by ``augment.seed``) to fill the room ``augment.max_rows`` leaves:
+    (:func:`distill.corpus.sample_lines`, seeded by ``augment.seed``; none of ``exclude``, the dev texts) to fill the
+    room ``augment.max_rows`` leaves:
     rows of the task's columns (:meth:`~distill.tasks.TaskType.unlabelled_rows`) with ``source_index`` -1, a
     placeholder label, and the teacher's logits as their only target (a transfer set, as in Hinton et al., 2015,
     §2). Written once to ``<folder>/unlabelled`` by a write-then-rename, read back on a rerun."""
@@ -182,10 +202,12 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
         return augmented
     path = folder / UNLABELLED
     if not path.is_dir():
+        for leftover in folder.glob(".tmp-*"):  # a write killed before its rename
+            shutil.rmtree(leftover, ignore_errors=True)
         room = max(0, config.augment.max_rows - len(augmented))
-        texts = sample_lines(config.augment.unlabelled, room, seed=config.augment.seed)
+        texts = sample_lines(config.augment.unlabelled, room, seed=config.augment.seed, exclude=exclude)
         if not texts:
-            logger.warning("augment.unlabelled: no room left (augment.max_rows %d, %d rows augmented) or no sentence of "
+            logger.warning("augment.unlabelled: no room left (augment.max_rows %d, %d rows augmented) or no line of "
                            "three words or more in the text; the set has no unlabelled rows", config.augment.max_rows,
                            len(augmented))
             return augmented
@@ -609,7 +631,8 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         step1 = json.loads((out / "students" / name / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
         step2 = json.loads((out / "students" / name / "student" / "stage.json").read_text(encoding="utf-8"))
         general = json.loads((out / "students" / name / "general.json").read_text(encoding="utf-8"))
-        recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data), step2)
+        recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data), step2,
+                              num_unlabelled=num_unlabelled(train_data))
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
                      command=f"python run_distill.py sweep --config {out / 'config.json'}",
@@ -647,7 +670,8 @@ def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
     """``config`` with the budget rules that depend on where the job runs resolved, so that run ids and the saved
     config say what runs: on a CPU, ``task.max_train_examples_cpu`` caps ``task.max_train_examples`` and
     ``teacher.max_train_examples_cpu`` stays (the teacher's share of them); on an accelerator both are dropped (the
-    whole training set, or ``max_train_examples``, for the teacher and the student alike)."""
+    whole training set, or ``max_train_examples``, for the teacher and the student alike), and so is the teacher's
+    share when ``teacher.model`` names a fine-tuned teacher (nothing is fine-tuned)."""
     cap = config.task.max_train_examples_cpu
     overrides = {}
     if cap is not None:
@@ -657,7 +681,7 @@ def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
             logger.info("task.max_train_examples_cpu: the first %d training examples on the CPU", limit)
         overrides.update({"task.max_train_examples": limit, "task.max_train_examples_cpu": None})
     if config.teacher.max_train_examples_cpu is not None:
-        if device.type == "cpu":
+        if device.type == "cpu" and config.teacher.model is None:
             logger.info("teacher.max_train_examples_cpu: the teacher is fine-tuned on the first %d of them",
                         config.teacher.max_train_examples_cpu)
         else:
@@ -672,7 +696,8 @@ def _pipeline(config: PipelineConfig, device: torch.device, command: str | None)
                           chance=chance(spec, dev_labels(data, spec)), run=run_record(spec, source, out))
     general = json.loads((out / "general.json").read_text(encoding="utf-8"))
     step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
-    recipe = recipe_lines(config, teacher_record, general, step1, len(train_data), student_record)
+    recipe = recipe_lines(config, teacher_record, general, step1, len(train_data), student_record,
+                          num_unlabelled=num_unlabelled(train_data))
     publish_stage(config, spec, data, out, report, recipe,
                   command or f"python run_distill.py pipeline --config {out / 'config.json'}")
     return report

@@ -25,10 +25,11 @@ def preflight(config: PipelineConfig) -> None:
     """Check inputs of later stages before the first one runs, so a typo is not found an hour in.
 
     Raises:
-        VectorsError, DataError: missing word vectors, stop word list or corpus file (masked LM or general stage).
+        VectorsError, DataError: missing word vectors, stop word list or corpus file (masked LM, unlabelled text or
+            general stage).
         ModelError: the general stage's teacher cannot be found.
         ConfigError: an unknown student preset or an impossible student shape; augmentation on for a task type that
-            it would corrupt (question answering).
+            it would corrupt (question answering); unlabelled text a run cannot use (:func:`check_unlabelled`).
     """
     if config.augment.unlabelled and not config.augment.enabled:
         raise ConfigError("augment.unlabelled: its sentences join the augmented set, and augment.enabled is false; "

@@ -345,6 +345,8 @@ def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids
     assert for_device(shares, torch.device("cpu")).task.max_train_examples == 16000
     assert for_device(shares, torch.device("cuda")).teacher.max_train_examples_cpu is None
     assert teacher.run_id(for_device(shares, torch.device("cuda")), {}) == teacher.run_id(on_gpu, {})
+    given = with_overrides(shares, {"teacher.model": "a/fine-tuned-reader"})  # nothing to fine-tune: no share
+    assert for_device(given, torch.device("cpu")).teacher.max_train_examples_cpu is None
     with pytest.raises(ConfigError, match="teacher.max_train_examples_cpu"):
         with_overrides(shipped, {"teacher.max_train_examples_cpu": 0})
 

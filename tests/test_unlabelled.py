@@ -69,12 +69,14 @@ def test_token_classification_rows_are_words_every_one_scored_and_written_once(t
     config = with_overrides(load_config(None), {"augment.unlabelled": [str(corpus)], "augment.max_rows": 5})
     folder = tmp_path / "augmented"
     folder.mkdir()
-    rows = with_unlabelled(augmented, config, spec, folder)
+    (folder / ".tmp-killed").mkdir()  # a write killed before its rename
+    rows = with_unlabelled(augmented, config, spec, folder, exclude={"the cast and the film"})  # a dev sentence
     assert len(rows) == 5 and rows.select(range(2)).to_list() == augmented.to_list()  # 3 sentences fill the room
+    assert not (folder / ".tmp-killed").exists()
     extra = rows.select(range(2, 5)).to_list()
     assert all(row["source_index"] == -1 and row["is_augmented"] for row in extra)
-    assert {tuple(row["tokens"]) for row in extra} <= {
-        ("the", "actor", "was", "in", "a", "movie", ",", "a", "fun", "story", "!"), ("the", "cast", "and", "the", "film"),
+    assert {tuple(row["tokens"]) for row in extra} == {
+        ("the", "actor", "was", "in", "a", "movie", ",", "a", "fun", "story", "!"),
         ("a", "terrible", "plot", "is", "fun"), ("it", "is", "a", "wonderful", "story")}
     assert all(row["label"] == [0] * len(row["tokens"]) for row in extra)
     # Tokenised as the task's rows are: the first piece of every word is scored ("wonderful" is two pieces).
@@ -156,4 +158,8 @@ def test_the_pipeline_distils_on_unlabelled_rows_and_the_card_says_so(tmp_path, 
     record = json.loads((out / "augmented" / "stage.json").read_text())
     assert record["num_unlabelled"] == 3 and record["num_rows"] <= 40
     assert json.loads((out / "teacher_logits" / "stage.json").read_text())["num_rows"] == record["num_rows"]
-    assert "unlabelled sentences of unlabelled.txt" in (out / "student" / "README.md").read_text()
+    assert "3 of them sentences of unlabelled.txt with no label" in (out / "student" / "README.md").read_text()
+    student = (out / "student" / "model.safetensors").read_bytes()
+    run_pipeline(load_config(str(path)))  # a rerun reuses every stage, the unlabelled rows read back
+    assert json.loads((out / "augmented" / "stage.json").read_text()) == record
+    assert (out / "student" / "model.safetensors").read_bytes() == student

@@ -103,8 +103,9 @@ class TaskType:
 
     def unlabelled_rows(self, spec: "TaskSpec", texts: list[str]) -> dict[str, list]:
         """Training rows made of unlabelled sentences (``augment.unlabelled``, a transfer set whose only targets are
-        the teacher's logits): {column: N values}, the task's text column and ``label``, a placeholder no loss reads
-        (the soft prediction loss takes the teacher's logits; preflight refuses a hard-label term beside them).
+        the teacher's logits): {column: N values}, the task's text column and ``label``, a placeholder whose value no
+        loss reads (the soft prediction loss takes the teacher's logits; a token classifier's reads only where a word
+        begins, the pieces it scores; preflight refuses a hard-label term beside them).
 
         Raises:
             ValueError: this type, or this task (sentence pairs), cannot make a training row of one sentence.
