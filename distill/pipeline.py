@@ -152,15 +152,16 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     mlm, mlm_run_id = mlm_stage(config, out, device=device)
     folder = out / "augmented"
     run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id})
+    dev = dev_texts(data, spec) if config.augment.unlabelled else frozenset()  # never drawn as unlabelled text
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
-        return with_unlabelled(load_shards(folder), config, spec, folder, dev_texts(data, spec)), run_id
+        return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device)
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                 replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
     num_augmented = int(np.sum(augmented["is_augmented"]))
-    training_set = with_unlabelled(augmented, config, spec, folder, dev_texts(data, spec))
+    training_set = with_unlabelled(augmented, config, spec, folder, dev)
     num_unlabelled = len(training_set) - len(augmented)
     mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": num_augmented,
                                      "num_unlabelled": num_unlabelled, "device": str(device)})
