@@ -165,6 +165,22 @@ def test_the_pair_recipes_smaller_student_is_three_settings_away():
     assert config.general.enabled and general_config(config).student.preset == "tinybert-4l-312"
 
 
+def test_the_shipped_tinybert_recipe_is_the_measured_command():
+    """configs/sst2_tinybert.yaml is the default job with the five settings of the measured 4-layer/312 recipe
+    (docs/results.md), field for field: its stages reuse the default job's teacher, masked LM and augmented set."""
+    import dataclasses
+
+    recipe = load_config(ROOT / "configs/sst2_tinybert.yaml")
+    measured = load_config(ROOT / "configs/sst2_minilm.yaml", {
+        "student.preset": "tinybert-4l-312", "student.init": "teacher_embeddings", "distill.teacher_cache": "float16",
+        "distill.intermediate.num_epochs": 10, "distill.prediction.num_epochs": 3})
+    assert recipe.output_dir == "runs/sst2_tinybert"
+    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
+    default = load_config(ROOT / "configs/sst2_minilm.yaml")
+    for section in ("task", "teacher", "mlm", "augment"):
+        assert getattr(recipe, section) == getattr(default, section), section
+
+
 @pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
                                             (".5", 0.5), ("2", 2.0), ("1.0e-4", 1e-4), ("1_000.5", 1000.5)])
 def test_a_float_field_takes_a_number_in_any_form_people_write(tmp_path, written, value):
