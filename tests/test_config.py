@@ -154,6 +154,19 @@ def test_every_shipped_config_loads_and_its_student_fits_its_teacher(path):
         student_shape(config.student)
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
+def test_every_shipped_config_that_augments_bounds_its_masked_lm_work(path):
+    """A row budget does not bound augmentation's time (one masked row per word, as long as the text): every shipped
+    recipe that augments also sets augment.max_mlm_words, so a task of long texts stays inside its stated time."""
+    import yaml
+
+    if "augment" not in yaml.safe_load(path.read_text()):  # general_minilm.yaml: the general stage only
+        return
+    config = load_config(path)
+    if config.augment.enabled and config.augment.num_copies > 0:
+        assert config.augment.max_mlm_words is not None and config.augment.max_mlm_words <= 9_000_000
+
+
 def test_the_pair_recipes_smaller_student_is_three_settings_away():
     from distill.general import general_config
     from distill.preflight import check_student_fits_teacher
