@@ -15,11 +15,14 @@ download): by default a tiny pair (teacher 4 layers of 128, student 2 of 64), th
   collation, no checks, no logging; no fp16 loss scaling).
 
 Repeated ``--repeats`` times, interleaved; it prints each repeat and the medians, and ``ratio`` = loop / model work
-(the CPU target: at most 1.10), ``ratio_inline`` = loop_inline / model work.
+(the CPU target: at most 1.10), ``ratio_inline`` = loop_inline / model work. On CUDA, the GPU's utilisation is read
+during the loop's long run and during the model work (``nvidia-smi`` sampled every 100 ms: the share of time a
+kernel ran, in %, averaged over the samples); without ``nvidia-smi`` it is left out. ``--pad-to-max-length`` pads
+every batch to ``--max-seq-length`` (the length a FLOP count assumes) instead of to its longest row.
 
 Usage: python bench/loop_overhead.py [--shape tiny|bert-base] [--batch-size 32] [--max-seq-length 128]
        [--steps 40] [--warmup 5] [--repeats 3] [--threads N] [--device cpu|cuda] [--mixed-precision no|bf16|fp16]
-       [--compile]
+       [--compile] [--pad-to-max-length]
 The last line printed is a JSON object with every number.
 """
 
@@ -27,9 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,7 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, DataCollatorWithPadding  # noqa: E402
 
 from distill.config import TaskConfig, TrainConfig  # noqa: E402
 from distill.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
@@ -60,6 +66,66 @@ def model(shape: tuple[int, int, int, int], vocab_size: int, seed: int) -> BertF
     return BertForSequenceClassification(config)
 
 
+class GpuUtilisation:
+    """The GPU's utilisation while a block runs: ``nvidia-smi --query-gpu=utilization.gpu -lms PERIOD`` in a
+    subprocess, its lines read by a thread. ``nvidia-smi`` reports, per sample, the percentage of the last sample
+    period in which one or more kernels ran on the GPU (0-100). ``percent`` is the mean over the samples taken, None
+    when ``nvidia-smi`` is missing, fails, or gave no sample (a block shorter than a period).
+
+    Use: ``with GpuUtilisation(index) as gpu: ...`` then ``gpu.percent``.
+    """
+
+    def __init__(self, index: int = 0, period_ms: int = 100, command: str = "nvidia-smi"):
+        self.index, self.period_ms, self.command = index, period_ms, command
+        self.samples: list[float] = []
+        self.percent: float | None = None
+        self._process = self._reader = None
+
+    def __enter__(self) -> "GpuUtilisation":
+        if shutil.which(self.command) is None:
+            return self
+        self._process = subprocess.Popen(
+            [self.command, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"-i={self.index}",
+             f"-lms={self.period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            try:
+                self.samples.append(float(line.strip()))
+            except ValueError:  # "[N/A]" or a message: not a sample
+                continue
+
+    def __exit__(self, *exc) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+        self._reader.join(timeout=5)
+        self.percent = statistics.fmean(self.samples) if self.samples else None
+
+
+def utilisation(device: torch.device) -> GpuUtilisation:
+    """A :class:`GpuUtilisation` of ``device`` on CUDA; one that reads nothing on any other device."""
+    if device.type == "cuda":
+        return GpuUtilisation(device.index if device.index is not None else torch.cuda.current_device())
+    return GpuUtilisation(command="")  # shutil.which("") is None: reads nothing
+
+
+def bench_collator(tokenizer, spec, args):
+    """The task's collator (pads to the longest row of a batch), or with ``--pad-to-max-length`` one that pads every
+    batch to ``--max-seq-length`` (rows are already cut to it)."""
+    if args.pad_to_max_length:
+        return DataCollatorWithPadding(tokenizer, padding="max_length", max_length=args.max_seq_length,
+                                       return_tensors="pt")
+    return collator(tokenizer, spec)
+
+
 def objective(args, vocab_size: int) -> DistillationObjective:
     teacher_shape, student_shape = SHAPES[args.shape]
     teacher, student = model(teacher_shape, vocab_size, 0), model(student_shape, vocab_size, 1)
@@ -71,8 +137,10 @@ def objective(args, vocab_size: int) -> DistillationObjective:
     return target
 
 
-def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefetch: bool = True) -> float:
-    """Seconds per step of :func:`train`: the difference of a short and a long run over the extra steps."""
+def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefetch: bool = True
+              ) -> tuple[float, float | None]:
+    """Seconds per step of :func:`train`: the difference of a short and a long run over the extra steps; and the
+    GPU's utilisation (%) during the long run (None off CUDA)."""
     seconds = []
     for steps in ((args.warmup,) if args.compile else ()) + (args.warmup, args.warmup + args.steps):  # compile once
         config = TrainConfig(max_steps=steps, batch_size=args.batch_size, learning_rate=1e-4, save_steps=10**6,
@@ -80,23 +148,30 @@ def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefet
         with tempfile.TemporaryDirectory() as folder:
             target = objective(args, vocab_size)
             synchronize(device)
-            start = time.perf_counter()
-            train(target, data, collate, config, folder, "bench", "loop", device=device, prefetch=prefetch)
-            synchronize(device)
-            seconds.append(time.perf_counter() - start)
-    return (seconds[-1] - seconds[-2]) / args.steps
+            with utilisation(device) as gpu:
+                start = time.perf_counter()
+                train(target, data, collate, config, folder, "bench", "loop", device=device, prefetch=prefetch)
+                synchronize(device)
+                seconds.append(time.perf_counter() - start)
+    return (seconds[-1] - seconds[-2]) / args.steps, gpu.percent
 
 
-def time_model_work(args, data, collate, vocab_size: int, device: torch.device) -> float:
-    """Seconds per step of forward, backward and AdamW on batches collated beforehand and already on the device."""
-    sampler = EpochBatchSampler(len(data), args.batch_size, 0)
-    sampler.set_position(0, 0)
-    indices = list(sampler)[: args.warmup + args.steps]
+def time_model_work(args, data, collate, vocab_size: int, device: torch.device) -> tuple[float, float | None]:
+    """Seconds per step of forward, backward and AdamW on batches collated beforehand and already on the device; and
+    the GPU's utilisation (%) while they ran (None off CUDA)."""
+    sampler, indices, epoch = EpochBatchSampler(len(data), args.batch_size, 0), [], 0
+    while len(indices) < args.warmup + args.steps:  # as many epochs as the steps need, as the loop takes them
+        sampler.set_position(epoch, 0)
+        indices += list(sampler)
+        epoch += 1
+    indices = indices[: args.warmup + args.steps]
     batches = [{k: v.to(device) for k, v in collate([data[i] for i in batch]).items()} for batch in indices]
     target = objective(args, vocab_size).to(device).train()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.mixed_precision)
-    return bare_step_seconds(target, batches, args.warmup, device, dtype,
-                             fused=device.type == "cuda" and args.mixed_precision != "fp16")
+    with utilisation(device) as gpu:
+        seconds = bare_step_seconds(target, batches, args.warmup, device, dtype,
+                                    fused=device.type == "cuda" and args.mixed_precision != "fp16")
+    return seconds, gpu.percent
 
 
 def bare_step_seconds(target, batches: list[dict], warmup: int, device: torch.device, dtype: torch.dtype | None = None,
@@ -143,6 +218,7 @@ def main() -> None:
     parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default="no")
     parser.add_argument("--compile", action="store_true", help="run the student through torch.compile (compare "
                         "with a run without: the model-work times of the two runs)")
+    parser.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to --max-seq-length")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -151,28 +227,34 @@ def main() -> None:
     task = TaskConfig(name="sst2", max_seq_length=args.max_seq_length)
     spec = task_spec(task)
     data = tokenize(load_task_data(task, spec)["train"], tokenizer, spec, args.max_seq_length)
-    collate = collator(tokenizer, spec)
+    collate = bench_collator(tokenizer, spec, args)
     rows = []
     for repeat in range(args.repeats):
-        loop = time_loop(args, data, collate, tokenizer.vocab_size, device)
-        work = time_model_work(args, data, collate, tokenizer.vocab_size, device)
-        inline = time_loop(args, data, collate, tokenizer.vocab_size, device, prefetch=False)
+        loop, loop_gpu = time_loop(args, data, collate, tokenizer.vocab_size, device)
+        work, work_gpu = time_model_work(args, data, collate, tokenizer.vocab_size, device)
+        inline, _ = time_loop(args, data, collate, tokenizer.vocab_size, device, prefetch=False)
         rows.append({"loop_ms": 1000 * loop, "loop_inline_ms": 1000 * inline, "model_work_ms": 1000 * work,
                      "ratio": loop / work, "ratio_inline": inline / work})
+        gpu = ""
+        if loop_gpu is not None and work_gpu is not None:
+            rows[-1].update(gpu_util_loop=loop_gpu, gpu_util_model_work=work_gpu)
+            gpu = f"; GPU busy {loop_gpu:.0f}% in the loop, {work_gpu:.0f}% in the model work"
         print(f"repeat {repeat + 1}: loop {1000 * loop:.1f} ms/step (collating inline {1000 * inline:.1f}), model "
-              f"work {1000 * work:.1f} ms/step, ratio {loop / work:.3f} (inline {inline / work:.3f})", flush=True)
+              f"work {1000 * work:.1f} ms/step, ratio {loop / work:.3f} (inline {inline / work:.3f}){gpu}", flush=True)
         if args.compile:  # the same model work without torch.compile: what compiling buys
-            eager = time_model_work(argparse.Namespace(**{**vars(args), "compile": False}), data, collate,
-                                    tokenizer.vocab_size, device)
+            eager, _ = time_model_work(argparse.Namespace(**{**vars(args), "compile": False}), data, collate,
+                                       tokenizer.vocab_size, device)
             rows[-1].update(model_work_eager_ms=1000 * eager, compile_speedup=eager / work)
             print(f"repeat {repeat + 1}: model work without torch.compile {1000 * eager:.1f} ms/step, compiled "
                   f"{eager / work:.2f}x faster", flush=True)
-    summary = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    summary = {key: statistics.median(row[key] for row in rows) for key in rows[0] if all(key in r for r in rows)}
     print(f"median over {args.repeats}: loop {summary['loop_ms']:.1f} ms/step (collating inline "
           f"{summary['loop_inline_ms']:.1f}), model work {summary['model_work_ms']:.1f} ms/step, ratio "
-          f"{summary['ratio']:.3f} (inline {summary['ratio_inline']:.3f}; target on a CPU: <= 1.10)")
+          f"{summary['ratio']:.3f} (inline {summary['ratio_inline']:.3f}; target on a CPU: <= 1.10)"
+          + (f"; GPU busy {summary['gpu_util_loop']:.0f}% in the loop, {summary['gpu_util_model_work']:.0f}% in the "
+             "model work" if "gpu_util_loop" in summary else ""))
     print(json.dumps({"shape": args.shape, "device": str(device), "mixed_precision": args.mixed_precision,
-                      "compile": args.compile,
+                      "compile": args.compile, "pad_to_max_length": args.pad_to_max_length,
                       "batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
                       "threads": torch.get_num_threads(), "repeats": rows, "median": summary}))
 
