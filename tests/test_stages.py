@@ -50,6 +50,37 @@ def test_the_teacher_keeps_its_best_scored_weights(finished_run):
     assert json.loads((out / "report.json").read_text())["teacher"]["selection"] == selection
 
 
+def test_the_teacher_dev_metrics_are_the_selections_own_score_of_the_kept_weights(tmp_path, monkeypatch):
+    """The kept weights were scored when selected: that score is the stage's dev record, the same numbers a fresh
+    evaluation of the saved teacher gives, with no second pass over the dev set (one per evaluation only)."""
+    import teachers.finetune as finetune
+    from distill.data import load_task_data, task_spec
+    from distill.evaluate import evaluate_task
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    config = load_config(tiny_job_every_stage(tmp_path, tokenizer))
+    config = dataclasses.replace(config, teacher=dataclasses.replace(config.teacher, eval_steps=1))
+    spec = task_spec(config.task)
+    data = load_task_data(config.task, spec)
+    calls = []
+    real = finetune.evaluate
+
+    def evaluate(*args, **kwargs):  # the real scores, and which evaluation gave them
+        calls.append(1)
+        return {**real(*args, **kwargs), "evaluation": len(calls)}
+
+    monkeypatch.setattr(finetune, "evaluate", evaluate)
+    monkeypatch.setattr(finetune, "evaluate_task", lambda *a, **k: pytest.fail("the dev set was scored again"))
+    record = finetune.finetune_teacher(config.teacher, config.task, spec, data, tmp_path / "teacher", "id",
+                                       device="cpu")
+    evaluations = record["selection"]["evaluations"]
+    assert [step for step, _ in evaluations] == [1, 2] and len(calls) == 2
+    best = [step for step, _ in evaluations].index(record["selection"]["best_step"]) + 1
+    assert record["dev"].pop("evaluation") == best  # the kept step's scores, not the last evaluation's
+    model = spec.type.model_class(spec).from_pretrained(tmp_path / "teacher")
+    assert record["dev"] == evaluate_task(model, data, tokenizer, spec, config.task.max_seq_length, device="cpu")
+
+
 def test_a_new_temperature_reruns_the_prediction_step_only(finished_run):
     config, out = finished_run
     before = _markers(out)
