@@ -16,9 +16,11 @@ download): by default a tiny pair (teacher 4 layers of 128, student 2 of 64), th
 
 Repeated ``--repeats`` times, interleaved; it prints each repeat and the medians, and ``ratio`` = loop / model work
 (the CPU target: at most 1.10), ``ratio_inline`` = loop_inline / model work. On CUDA, the GPU's utilisation is read
-during the loop's long run and during the model work (``nvidia-smi`` sampled every 100 ms: the share of time a
-kernel ran, in %, averaged over the samples); without ``nvidia-smi`` it is left out. ``--pad-to-max-length`` pads
-every batch to ``--max-seq-length`` (the length a FLOP count assumes) instead of to its longest row.
+while the loop and the model work run (``nvidia-smi`` sampled every 100 ms: the share of time a kernel ran, in %;
+the model work's over its timed steps, the loop's over the steps its long run adds to the short one, as its time
+is); without ``nvidia-smi`` it is left out. Give enough ``--steps`` for a few seconds of timed steps (the driver's
+window is up to 1 s). ``--pad-to-max-length`` pads every batch to ``--max-seq-length`` (the length a FLOP count
+assumes) instead of to its longest row.
 
 Usage: python bench/loop_overhead.py [--shape tiny|bert-base] [--batch-size 32] [--max-seq-length 128]
        [--steps 40] [--warmup 5] [--repeats 3] [--threads N] [--device cpu|cuda] [--mixed-precision no|bf16|fp16]
@@ -29,7 +31,9 @@ The last line printed is a JSON object with every number.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -67,26 +71,29 @@ def model(shape: tuple[int, int, int, int], vocab_size: int, seed: int) -> BertF
 
 
 class GpuUtilisation:
-    """The GPU's utilisation while a block runs: ``nvidia-smi --query-gpu=utilization.gpu -lms PERIOD`` in a
-    subprocess, its lines read by a thread. ``nvidia-smi`` reports, per sample, the percentage of the last sample
-    period in which one or more kernels ran on the GPU (0-100). ``percent`` is the mean over the samples taken, None
-    when ``nvidia-smi`` is missing, fails, or gave no sample (a block shorter than a period).
+    """The GPU's utilisation while a block runs: ``nvidia-smi --query-gpu=utilization.gpu --loop-ms=PERIOD`` in a
+    subprocess, its lines read by a thread. Each sample is the percentage of the driver's own recent window (1/6 s to
+    1 s, depending on the GPU) in which one or more kernels ran (0-100); ``--loop-ms`` sets how often it is read.
+    ``percent`` is the mean over the samples taken, None when ``nvidia-smi`` is missing, fails or gave no sample.
+    ``seconds`` is how long the block ran.
 
-    Use: ``with GpuUtilisation(index) as gpu: ...`` then ``gpu.percent``.
+    Use: ``with GpuUtilisation(index) as gpu: ...`` then ``gpu.percent``; ``index`` as ``nvidia-smi -i`` takes it.
     """
 
-    def __init__(self, index: int = 0, period_ms: int = 100, command: str = "nvidia-smi"):
+    def __init__(self, index: int | str = 0, period_ms: int = 100, command: str = "nvidia-smi"):
         self.index, self.period_ms, self.command = index, period_ms, command
         self.samples: list[float] = []
         self.percent: float | None = None
+        self.seconds = 0.0
         self._process = self._reader = None
 
     def __enter__(self) -> "GpuUtilisation":
+        self._start = time.perf_counter()
         if shutil.which(self.command) is None:
             return self
         self._process = subprocess.Popen(
-            [self.command, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"-i={self.index}",
-             f"-lms={self.period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            [self.command, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"--id={self.index}",
+             f"--loop-ms={self.period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         return self
@@ -99,6 +106,7 @@ class GpuUtilisation:
                 continue
 
     def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._start
         if self._process is None:
             return
         self._process.terminate()
@@ -111,10 +119,24 @@ class GpuUtilisation:
 
 
 def utilisation(device: torch.device) -> GpuUtilisation:
-    """A :class:`GpuUtilisation` of ``device`` on CUDA; one that reads nothing on any other device."""
-    if device.type == "cuda":
-        return GpuUtilisation(device.index if device.index is not None else torch.cuda.current_device())
-    return GpuUtilisation(command="")  # shutil.which("") is None: reads nothing
+    """A :class:`GpuUtilisation` of ``device`` on CUDA; one that reads nothing on any other device. The CUDA ordinal
+    is mapped through ``CUDA_VISIBLE_DEVICES`` (an index or UUID ``nvidia-smi -i`` takes), which ``nvidia-smi``
+    does not read."""
+    if device.type != "cuda":
+        return GpuUtilisation(command="")  # shutil.which("") is None: reads nothing
+    ordinal = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    return GpuUtilisation(visible[ordinal] if ordinal < len(visible) else ordinal)
+
+
+def busy_percent(short: GpuUtilisation, long: GpuUtilisation) -> float | None:
+    """The GPU's utilisation over the steps the long run adds to the short one, as the loop's time is: busy time
+    (utilisation x duration) of the long run less the short one's, over the difference of their durations; the
+    set-up and the final checkpoint both runs pay drop out. None without samples from both."""
+    if short.percent is None or long.percent is None or long.seconds <= short.seconds:
+        return None
+    busy = long.percent * long.seconds - short.percent * short.seconds
+    return min(100.0, max(0.0, busy / (long.seconds - short.seconds)))
 
 
 def bench_collator(tokenizer, spec, args):
@@ -140,8 +162,8 @@ def objective(args, vocab_size: int) -> DistillationObjective:
 def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefetch: bool = True
               ) -> tuple[float, float | None]:
     """Seconds per step of :func:`train`: the difference of a short and a long run over the extra steps; and the
-    GPU's utilisation (%) during the long run (None off CUDA)."""
-    seconds = []
+    GPU's utilisation (%) over those extra steps (:func:`busy_percent`; None off CUDA)."""
+    seconds, gpus = [], []
     for steps in ((args.warmup,) if args.compile else ()) + (args.warmup, args.warmup + args.steps):  # compile once
         config = TrainConfig(max_steps=steps, batch_size=args.batch_size, learning_rate=1e-4, save_steps=10**6,
                              log_steps=10, seed=0, mixed_precision=args.mixed_precision)
@@ -153,7 +175,8 @@ def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefet
                 train(target, data, collate, config, folder, "bench", "loop", device=device, prefetch=prefetch)
                 synchronize(device)
                 seconds.append(time.perf_counter() - start)
-    return (seconds[-1] - seconds[-2]) / args.steps, gpu.percent
+            gpus.append(gpu)
+    return (seconds[-1] - seconds[-2]) / args.steps, busy_percent(gpus[-2], gpus[-1])
 
 
 def time_model_work(args, data, collate, vocab_size: int, device: torch.device) -> tuple[float, float | None]:
@@ -168,17 +191,18 @@ def time_model_work(args, data, collate, vocab_size: int, device: torch.device) 
     batches = [{k: v.to(device) for k, v in collate([data[i] for i in batch]).items()} for batch in indices]
     target = objective(args, vocab_size).to(device).train()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.mixed_precision)
-    with utilisation(device) as gpu:
-        seconds = bare_step_seconds(target, batches, args.warmup, device, dtype,
-                                    fused=device.type == "cuda" and args.mixed_precision != "fp16")
+    gpu = utilisation(device)
+    seconds = bare_step_seconds(target, batches, args.warmup, device, dtype,
+                                fused=device.type == "cuda" and args.mixed_precision != "fp16", monitor=gpu)
     return seconds, gpu.percent
 
 
 def bare_step_seconds(target, batches: list[dict], warmup: int, device: torch.device, dtype: torch.dtype | None = None,
-                      fused: bool = False) -> float:
+                      fused: bool = False, monitor: GpuUtilisation | None = None) -> float:
     """Seconds per step of ``target``'s forward, backward, clipping and AdamW over ``batches[warmup:]`` (after
     ``batches[:warmup]`` untimed), in a bare loop: no collation, no checks, no logging. Each step gets a shallow copy
-    of its batch (an objective may take entries out of it, as the teacher-output cache's do)."""
+    of its batch (an objective may take entries out of it, as the teacher-output cache's do). ``monitor``, when
+    given, is entered around the timed steps only."""
     config = TrainConfig(learning_rate=1e-4)
     optimizer = _optimizer(target.trainable, config, fused=fused)
 
@@ -193,11 +217,13 @@ def bare_step_seconds(target, batches: list[dict], warmup: int, device: torch.de
     for batch in batches[:warmup]:
         step(batch)
     synchronize(device)
-    start = time.perf_counter()
-    for batch in batches[warmup:]:
-        step(batch)
-    synchronize(device)
-    return (time.perf_counter() - start) / (len(batches) - warmup)
+    with monitor if monitor is not None else contextlib.nullcontext():
+        start = time.perf_counter()
+        for batch in batches[warmup:]:
+            step(batch)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    return seconds / (len(batches) - warmup)
 
 
 def synchronize(device: torch.device) -> None:

@@ -34,7 +34,7 @@ def test_gpu_utilisation_is_the_mean_of_the_samples_read_while_the_block_ran(tmp
     assert gpu.samples == [37.0, 63.0]  # "[N/A]" is not a sample
     assert gpu.percent == pytest.approx(50.0)
     assert (tmp_path / "args").read_text().split() == [
-        "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i=1", "-lms=100"]
+        "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "--id=1", "--loop-ms=100"]
     assert time.perf_counter() - started < 10  # the sampler was stopped, not waited for
 
 
@@ -63,3 +63,19 @@ def test_pad_to_max_length_gives_batches_of_that_length():
                                                                                "max_seq_length": 32}))
     assert fixed(rows)["input_ids"].shape == (2, 32)
     assert longest(rows)["input_ids"].shape == (2, max(len(row["input_ids"]) for row in rows))
+
+
+def test_the_loops_utilisation_is_that_of_the_steps_the_long_run_adds():
+    short, long = loop_overhead.GpuUtilisation(), loop_overhead.GpuUtilisation()
+    short.percent, short.seconds = 50.0, 1.0  # set-up and warm-up: busy 0.5 s
+    long.percent, long.seconds = 80.0, 3.0  # the same and 2 s of steps: busy 2.4 s
+    assert loop_overhead.busy_percent(short, long) == pytest.approx(95.0)  # (2.4 - 0.5) / 2
+    long.percent = None
+    assert loop_overhead.busy_percent(short, long) is None
+
+
+def test_the_cuda_ordinal_is_read_through_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-abc")
+    assert loop_overhead.utilisation(torch.device("cuda", 1)).index == "GPU-abc"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert loop_overhead.utilisation(torch.device("cuda", 1)).index == 1
