@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from distill.config import fingerprint, to_dict
 from distill.fingerprints import content_or_name, data_folder_content
@@ -44,12 +44,15 @@ class StageSpec:
         neutral: dotted paths that change its speed only (e.g. the augmenter's batch size): readable, and left out of
             the hash even inside a section named in ``reads``.
         inputs: names of the stages whose outputs it reads; their run ids enter its run id.
+        canonical: rewrites the hashed values ({declared path: value}) in place so that settings that give the
+            same output hash alike (the teacher: a task cap and a teacher share that leave it the same examples).
     """
 
     name: str
     reads: tuple[str, ...]
     neutral: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
+    canonical: Callable[[dict], None] | None = None
 
     def run_id(self, config: Any, inputs: dict[str, str]) -> str:
         """Hash of the declared fields' values and the inputs' run ids (``inputs``: {stage name: run id})."""
@@ -62,6 +65,8 @@ class StageSpec:
             for path, value in values.items():
                 if neutral.startswith(path + ".") and isinstance(value, dict):
                     _drop(value, neutral[len(path) + 1:].split("."))
+        if self.canonical is not None:
+            self.canonical(values)
         return fingerprint(self.name, values, {name: inputs[name] for name in self.inputs})
 
     def view(self, config: Any) -> "ConfigView":
@@ -156,8 +161,22 @@ AUGMENT_NEUTRAL = ("augment.batch_size", "augment.num_workers")  # speed only, n
 INTERMEDIATE_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("intermediate"))
 PREDICTION_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("prediction"))
 
+def teacher_examples(values: dict) -> None:
+    """The teacher is fine-tuned on the first ``min(task.max_train_examples, teacher.max_train_examples_cpu)``
+    training examples (both as :func:`distill.pipeline.for_device` resolves them; None: no cap), whichever cap gives
+    that number: hash it as the task's cap with no teacher share, so that a teacher made for one split of the work is
+    reused by another that leaves it the same examples (the task at 16,000 with a share of 8,000 = the task at 8,000).
+    """
+    task, teacher = values.get("task"), values.get("teacher")
+    if not isinstance(task, dict) or not isinstance(teacher, dict) or teacher.get("max_train_examples_cpu") is None:
+        return
+    share, cap = teacher["max_train_examples_cpu"], task.get("max_train_examples")
+    task["max_train_examples"] = share if cap is None else min(cap, share)
+    teacher["max_train_examples_cpu"] = None
+
+
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
-    StageSpec("teacher", reads=("task", "teacher")),
+    StageSpec("teacher", reads=("task", "teacher"), canonical=teacher_examples),
     StageSpec("mlm", reads=("mlm",)),
     StageSpec("augmented", reads=("task", "augment", "mlm.model"), neutral=AUGMENT_NEUTRAL, inputs=("mlm",)),
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),

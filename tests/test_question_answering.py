@@ -345,6 +345,18 @@ def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids
     assert for_device(shares, torch.device("cpu")).task.max_train_examples == 16000
     assert for_device(shares, torch.device("cuda")).teacher.max_train_examples_cpu is None
     assert teacher.run_id(for_device(shares, torch.device("cuda")), {}) == teacher.run_id(on_gpu, {})
+    # A share that leaves the teacher the same examples is the same teacher: the task at 16,000 with a share of 8,000
+    # reuses the teacher made for the task at 8,000 (the shipped job's); the later stages see other data and re-run.
+    shares_on_cpu = for_device(shares, torch.device("cpu"))
+    assert teacher.run_id(shares_on_cpu, {}) == teacher.run_id(on_cpu, {})
+    assert STAGES["augmented"].run_id(shares_on_cpu, {"mlm": "m"}) != STAGES["augmented"].run_id(on_cpu, {"mlm": "m"})
+    share_of_all = for_device(with_overrides(shipped, {"task.max_train_examples_cpu": None,
+                                                       "teacher.max_train_examples_cpu": 8000}), torch.device("cpu"))
+    assert teacher.run_id(share_of_all, {}) == teacher.run_id(on_cpu, {})
+    larger_share = for_device(with_overrides(shipped, {"teacher.max_train_examples_cpu": 9000}), torch.device("cpu"))
+    assert teacher.run_id(larger_share, {}) == teacher.run_id(on_cpu, {})  # 8,000 examples either way
+    other_share = for_device(with_overrides(shares, {"teacher.max_train_examples_cpu": 4000}), torch.device("cpu"))
+    assert teacher.run_id(other_share, {}) != teacher.run_id(on_cpu, {})
     given = with_overrides(shares, {"teacher.model": "a/fine-tuned-reader"})  # nothing to fine-tune: no share
     assert for_device(given, torch.device("cpu")).teacher.max_train_examples_cpu is None
     with pytest.raises(ConfigError, match="teacher.max_train_examples_cpu"):
