@@ -161,6 +161,7 @@ AUGMENT_NEUTRAL = ("augment.batch_size", "augment.num_workers")  # speed only, n
 INTERMEDIATE_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("intermediate"))
 PREDICTION_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("prediction"))
 
+
 def teacher_examples(values: dict) -> None:
     """The teacher is fine-tuned on the first ``min(task.max_train_examples, teacher.max_train_examples_cpu)``
     training examples (both as :func:`distill.pipeline.for_device` resolves them; None: no cap), whichever cap gives

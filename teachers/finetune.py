@@ -152,8 +152,8 @@ def finetune_teacher(
     # The kept weights were scored on the one dev set when they were selected (same data, batches and code): reuse
     # that, not a second pass (5 minutes for SQuAD's dev set on a CPU). A run resumed after that evaluation, or a task
     # with a second dev set (MNLI mismatched), is scored here.
-    by_step = {step: metrics for (step, _), metrics in zip(state.evaluations[len(state.evaluations) - len(scored):],
-                                                          scored)} if scored else {}
+    scored_here = state.evaluations[len(state.evaluations) - len(scored):]  # the evaluations made in this process
+    by_step = {step: metrics for (step, _), metrics in zip(scored_here, scored)}
     metrics = by_step.get(state.best_step) if len(spec.dev_splits) == 1 else None
     if metrics is None:
         metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
