@@ -329,35 +329,37 @@ def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids
     from distill.stages import STAGES
 
     shipped = load_config(str(Path(__file__).resolve().parents[1] / "configs" / "squad_minilm.yaml"))
-    assert shipped.task.max_train_examples_cpu == 8000 and shipped.task.max_train_examples is None
-    on_cpu = for_device(shipped, torch.device("cpu"))
-    on_gpu = for_device(shipped, torch.device("cuda"))
+    assert (shipped.task.max_train_examples_cpu, shipped.teacher.max_train_examples_cpu) == (16000, 8000)
+    assert shipped.task.max_train_examples is None
+    # One cap for both: the first 8,000 questions on a CPU, all on an accelerator.
+    eight = with_overrides(shipped, {"task.max_train_examples_cpu": 8000, "teacher.max_train_examples_cpu": None})
+    on_cpu = for_device(eight, torch.device("cpu"))
+    on_gpu = for_device(eight, torch.device("cuda"))
     assert (on_cpu.task.max_train_examples, on_cpu.task.max_train_examples_cpu) == (8000, None)
     assert (on_gpu.task.max_train_examples, on_gpu.task.max_train_examples_cpu) == (None, None)
-    smaller = for_device(with_overrides(shipped, {"task.max_train_examples": 500}), torch.device("cpu"))
+    smaller = for_device(with_overrides(eight, {"task.max_train_examples": 500}), torch.device("cpu"))
     assert smaller.task.max_train_examples == 500  # the cap never raises an explicit limit
     teacher = STAGES["teacher"]
-    written_out = with_overrides(shipped, {"task.max_train_examples": 8000, "task.max_train_examples_cpu": None})
+    written_out = with_overrides(eight, {"task.max_train_examples": 8000, "task.max_train_examples_cpu": None})
     assert teacher.run_id(on_cpu, {}) == teacher.run_id(written_out, {}) != teacher.run_id(on_gpu, {})
-    # The teacher's own share: kept on a CPU (the teacher stage reads it), dropped on an accelerator.
-    shares = with_overrides(shipped, {"task.max_train_examples_cpu": 16000, "teacher.max_train_examples_cpu": 8000})
-    assert for_device(shares, torch.device("cpu")).teacher.max_train_examples_cpu == 8000
-    assert for_device(shares, torch.device("cpu")).task.max_train_examples == 16000
-    assert for_device(shares, torch.device("cuda")).teacher.max_train_examples_cpu is None
-    assert teacher.run_id(for_device(shares, torch.device("cuda")), {}) == teacher.run_id(on_gpu, {})
+    # The teacher's own share (the shipped rule): kept on a CPU (the teacher stage reads it), dropped on an accelerator.
+    assert for_device(shipped, torch.device("cpu")).teacher.max_train_examples_cpu == 8000
+    assert for_device(shipped, torch.device("cpu")).task.max_train_examples == 16000
+    assert for_device(shipped, torch.device("cuda")).teacher.max_train_examples_cpu is None
+    assert for_device(shipped, torch.device("cuda")).task.max_train_examples is None
+    assert teacher.run_id(for_device(shipped, torch.device("cuda")), {}) == teacher.run_id(on_gpu, {})
     # A share that leaves the teacher the same examples is the same teacher: the task at 16,000 with a share of 8,000
-    # reuses the teacher made for the task at 8,000 (the shipped job's); the later stages see other data and re-run.
-    shares_on_cpu = for_device(shares, torch.device("cpu"))
-    assert teacher.run_id(shares_on_cpu, {}) == teacher.run_id(on_cpu, {})
-    assert STAGES["augmented"].run_id(shares_on_cpu, {"mlm": "m"}) != STAGES["augmented"].run_id(on_cpu, {"mlm": "m"})
-    share_of_all = for_device(with_overrides(shipped, {"task.max_train_examples_cpu": None,
-                                                       "teacher.max_train_examples_cpu": 8000}), torch.device("cpu"))
+    # (the shipped job) reuses the teacher made for the task at 8,000; the later stages see other data and re-run.
+    shipped_on_cpu = for_device(shipped, torch.device("cpu"))
+    assert teacher.run_id(shipped_on_cpu, {}) == teacher.run_id(on_cpu, {})
+    assert STAGES["augmented"].run_id(shipped_on_cpu, {"mlm": "m"}) != STAGES["augmented"].run_id(on_cpu, {"mlm": "m"})
+    share_of_all = for_device(with_overrides(shipped, {"task.max_train_examples_cpu": None}), torch.device("cpu"))
     assert teacher.run_id(share_of_all, {}) == teacher.run_id(on_cpu, {})
-    larger_share = for_device(with_overrides(shipped, {"teacher.max_train_examples_cpu": 9000}), torch.device("cpu"))
+    larger_share = for_device(with_overrides(eight, {"teacher.max_train_examples_cpu": 9000}), torch.device("cpu"))
     assert teacher.run_id(larger_share, {}) == teacher.run_id(on_cpu, {})  # 8,000 examples either way
-    other_share = for_device(with_overrides(shares, {"teacher.max_train_examples_cpu": 4000}), torch.device("cpu"))
+    other_share = for_device(with_overrides(shipped, {"teacher.max_train_examples_cpu": 4000}), torch.device("cpu"))
     assert teacher.run_id(other_share, {}) != teacher.run_id(on_cpu, {})
-    given = with_overrides(shares, {"teacher.model": "a/fine-tuned-reader"})  # nothing to fine-tune: no share
+    given = with_overrides(shipped, {"teacher.model": "a/fine-tuned-reader"})  # nothing to fine-tune: no share
     assert for_device(given, torch.device("cpu")).teacher.max_train_examples_cpu is None
     with pytest.raises(ConfigError, match="teacher.max_train_examples_cpu"):
         with_overrides(shipped, {"teacher.max_train_examples_cpu": 0})
@@ -373,7 +375,8 @@ def test_a_sweep_resolves_the_cpu_budget_rule_too(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(pipeline, "_sweep", lambda config, entries, device: seen.update(config=config, **entries))
     pipeline.run_sweep(load_config(str(path)), device=torch.device("cpu"))
-    assert seen["config"].task.max_train_examples == seen["half"].task.max_train_examples == 8000
+    assert seen["config"].task.max_train_examples == seen["half"].task.max_train_examples == 16000
+    assert seen["config"].teacher.max_train_examples_cpu == seen["half"].teacher.max_train_examples_cpu == 8000
 
 
 def test_the_dry_run_prints_the_config_as_it_would_run_here(tmp_path, capsys):
@@ -384,5 +387,6 @@ def test_the_dry_run_prints_the_config_as_it_would_run_here(tmp_path, capsys):
     code = run_distill.main(["pipeline", "--task", "squad", "--data-dir", str(tmp_path), "--output-dir",
                              str(tmp_path / "run"), "--dry-run"])
     printed = yaml.safe_load(capsys.readouterr().out.split("\n\nstage")[0])
-    assert code == 0 and printed["task"]["max_train_examples"] == 8000  # on this CPU
+    assert code == 0 and printed["task"]["max_train_examples"] == 16000  # on this CPU
+    assert printed["teacher"]["max_train_examples_cpu"] == 8000  # the teacher's share, kept on a CPU
     assert printed["task"]["max_train_examples_cpu"] is None and not (tmp_path / "run").exists()
