@@ -13,10 +13,16 @@ def test_shipped_configs_load(name):
     assert config.task.name == "sst2"
 
 
-def test_default_config_cuts_the_student_from_the_teacher_and_augments_as_the_paper():
+def test_default_config_cuts_the_student_from_the_teacher_and_augments_by_the_pair_recipes_rule():
+    """One data rule for every task family: the single-sentence default augments as the pair recipe does (copies of
+    as many examples as fit a row budget, no first-N cut-off), with the paper's p and K."""
     config = load_config(ROOT / "configs" / "sst2_minilm.yaml")
+    pair = load_config(ROOT / "configs" / "pair_minilm.yaml")
     assert (config.student.preset, config.student.init) == ("teacher-half", "teacher")
-    assert (config.augment.num_copies, config.augment.replace_prob, config.augment.num_candidates) == (20, 0.4, 15)
+    assert (config.augment.replace_prob, config.augment.num_candidates) == (0.4, 15)
+    rule = ("num_copies", "max_examples", "max_rows", "max_mlm_words")
+    assert {key: getattr(config.augment, key) for key in rule} == {key: getattr(pair.augment, key) for key in rule}
+    assert config.augment.max_examples is None and config.augment.max_rows == 25000
 
 
 @pytest.mark.parametrize(
@@ -180,17 +186,19 @@ def test_the_pair_recipes_smaller_student_is_three_settings_away():
 
 def test_the_shipped_tinybert_recipe_is_the_measured_command():
     """configs/sst2_tinybert.yaml is the default job with the five settings of the measured 4-layer/312 recipe
-    (docs/results.md), field for field: its stages reuse the default job's teacher, masked LM and augmented set."""
+    (docs/results.md) and the augmented set it was measured on (the first 1,000 examples, 20 copies), field for
+    field: its stages reuse the default job's teacher and masked LM."""
     import dataclasses
 
     recipe = load_config(ROOT / "configs/sst2_tinybert.yaml")
     measured = load_config(ROOT / "configs/sst2_minilm.yaml", {
         "student.preset": "tinybert-4l-312", "student.init": "teacher_embeddings", "distill.teacher_cache": "float16",
-        "distill.intermediate.num_epochs": 10, "distill.prediction.num_epochs": 3})
+        "distill.intermediate.num_epochs": 10, "distill.prediction.num_epochs": 3,
+        "augment.num_copies": 20, "augment.max_examples": 1000, "augment.max_rows": None}, ignore_none=False)
     assert recipe.output_dir == "runs/sst2_tinybert"
     assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
     default = load_config(ROOT / "configs/sst2_minilm.yaml")
-    for section in ("task", "teacher", "mlm", "augment"):
+    for section in ("task", "teacher", "mlm"):
         assert getattr(recipe, section) == getattr(default, section), section
 
 
