@@ -96,7 +96,9 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
 def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) -> dict[str, float]:
     """The loss terms that ran, with their weights: from the steps' records (``weights``), or, for records written
     before they held them, as the steps choose them (the intermediate terms weighted above 0, none when the step was
-    skipped; the prediction term at its weight)."""
+    skipped; the prediction term at its weight). The prediction step's gold-label term is ``hard_label`` at
+    ``distill.hard_label_weight`` when that is above 0: the student's run id includes that weight, so the config of a
+    finished run says what ran even where the record predates the term's entry."""
     from distill.objective import intermediate_terms
 
     first = step1.get("weights")
@@ -105,6 +107,8 @@ def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) 
     second = (step2 or {}).get("weights")
     if second is None:
         second = {"prediction": config.distill.weights.get("prediction", 1.0)}
+    if config.distill.hard_label_weight > 0:
+        second = {**second, "hard_label": config.distill.hard_label_weight}
     return {**first, **{name: weight for name, weight in second.items() if weight > 0}}
 
 

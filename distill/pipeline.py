@@ -415,7 +415,10 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
                   list(range(1, student.config.num_hidden_layers + 1)))  # no layer is matched: logits alone
     metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
     logger.info("student dev metrics: %s", metrics)
-    return mark_stage_done(folder, run_id, {"dev": metrics, "weights": {"prediction": weight}, "device": str(device)})
+    weights = {"prediction": weight}
+    if config.distill.hard_label_weight > 0:
+        weights["hard_label"] = config.distill.hard_label_weight
+    return mark_stage_done(folder, run_id, {"dev": metrics, "weights": weights, "device": str(device)})
 
 
 def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,

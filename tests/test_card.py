@@ -180,3 +180,16 @@ def test_a_teacher_or_student_at_chance_gets_no_retained_share_on_the_card():
     assert "| 100.0% |" in text
     assert "n/a — student within 0.05 of chance (0.700; chance 0.684 = majority class 'equivalent')" in text
     assert "| 94.2% |" in _card(chance=chance, teacher_dev=0.86, student_dev=0.81).text
+
+
+def test_a_record_without_the_gold_label_entry_still_lists_the_term_its_run_id_says_ran(finished):
+    """A prediction step recorded before its record named the hard-label term: the config (bound to the run id) says
+    it ran, so the card lists it; without it, the card lists the soft term alone."""
+    from distill.card import ran_weights
+    from distill.config import with_overrides
+
+    config, _ = finished
+    step1, step2 = {"weights": {"hidden": 1.0}}, {"weights": {"prediction": 1.0}}
+    assert ran_weights(config, step1, step2) == {"hidden": 1.0, "prediction": 1.0}
+    gold = with_overrides(config, {"distill.hard_label_weight": 0.5})
+    assert ran_weights(gold, step1, step2) == {"hidden": 1.0, "prediction": 1.0, "hard_label": 0.5}

@@ -295,6 +295,9 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     assert teacher["num_train_examples"] * 2 < features  # fine-tuned on the first 4 questions, distilled on all 12
     card = (student / "README.md").read_text()
     assert "the first 4 training examples" in card
+    # The gold-span term ran beside the soft one: the step's record and the card's list of the terms that ran say so.
+    assert json.loads((student / "stage.json").read_text())["weights"] == {"prediction": 1.0, "hard_label": 1.0}
+    assert "'prediction': 1.0, 'hard_label': 1.0}; temperature 1.0" in card
     assert "pipeline_tag: question-answering" in card and "QuestionAnswerer(" in card
     export = json.loads((student / "onnx" / "export.json").read_text())
     assert export["files"]["model.onnx"]["same_prediction"] == 1.0
