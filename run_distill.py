@@ -211,6 +211,16 @@ def _join_process_group() -> None:
         PartialState(cpu=True)
 
 
+def _leave_process_group() -> None:
+    """Destroy the process group a launched run joined, if any, before the interpreter exits: a gloo group left to
+    the exit's destructors can abort the process (``terminate called without an active exception``) after its work
+    is done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _task_recipe(name: str | None) -> tuple[str, str] | None:
     """The shipped config for a named task that the default job's is not for (see
     :meth:`distill.tasks.TaskType.recipe`): (file name, what it is for), or None."""
@@ -258,6 +268,7 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         return _run(args, config_file, overrides)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _leave_process_group()
 
 
 def console_main() -> int:

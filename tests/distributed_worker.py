@@ -55,6 +55,8 @@ def main() -> None:
     save_file(weights, output_dir / f"rank{process.process_index}.safetensors",
               metadata={"world_size": str(process.num_processes), "step": str(state.step),
                         "samples": str(state.samples)})
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a gloo group left to the exit's destructors can abort the rank
 
 
 if __name__ == "__main__":
