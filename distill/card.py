@@ -96,19 +96,17 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
 def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) -> dict[str, float]:
     """The loss terms that ran, with their weights: from the steps' records (``weights``), or, for records written
     before they held them, as the steps choose them (the intermediate terms weighted above 0, none when the step was
-    skipped; the prediction term at its weight). The prediction step's gold-label term is ``hard_label`` at
-    ``distill.hard_label_weight`` when that is above 0: the student's run id includes that weight, so the config of a
-    finished run says what ran even where the record predates the term's entry."""
-    from distill.objective import intermediate_terms
+    skipped; the prediction term at its weight, and the gold-label term ``hard_label`` when it ran: see
+    :func:`distill.objective.prediction_terms`). A record that predates the ``hard_label`` entry gets it from the
+    config: the student's run id includes that weight, so the config of a finished run says what ran. The record wins
+    where it has an entry."""
+    from distill.objective import intermediate_terms, prediction_terms
 
     first = step1.get("weights")
     if first is None:
         first = {} if step1.get("skipped") else intermediate_terms(config.distill.weights)
     second = (step2 or {}).get("weights")
-    if second is None:
-        second = {"prediction": config.distill.weights.get("prediction", 1.0)}
-    if config.distill.hard_label_weight > 0:
-        second = {**second, "hard_label": config.distill.hard_label_weight}
+    second = {**prediction_terms(config.distill.weights, config.distill.hard_label_weight), **(second or {})}
     return {**first, **{name: weight for name, weight in second.items() if weight > 0}}
 
 

@@ -212,3 +212,15 @@ def intermediate_terms(weights: dict[str, float]) -> dict[str, float]:
     TinyBERT's terms, 0 for ``relation``); terms weighted 0 are left out."""
     terms = {name: weights.get(name, LOSS_TERMS[name].default_weight) for name in terms_of("intermediate")}
     return {name: weight for name, weight in terms.items() if weight > 0}
+
+
+def prediction_terms(weights: dict[str, float], hard_label_weight: float) -> dict[str, float]:
+    """The prediction step's loss terms with their effective weights: ``prediction`` (the soft cross-entropy, or MSE
+    for regression, at ``weights["prediction"]``, default 1) and, when ``hard_label_weight`` is above 0, the
+    gold-label term ``hard_label``. The gold-label loss is added inside the prediction term, which the objective
+    then weights, so its effective weight is the product; with the prediction term weighted 0 it does not run."""
+    weight = weights.get("prediction", 1.0)
+    terms = {"prediction": weight}
+    if weight > 0 and hard_label_weight > 0:
+        terms["hard_label"] = weight * hard_label_weight
+    return terms

@@ -60,7 +60,7 @@ from distill.general import (
     save_projections,
 )
 from distill.layer_map import build_layer_map
-from distill.objective import DistillationObjective, intermediate_terms
+from distill.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.preflight import preflight
 from distill.report import (
     build_report,
@@ -393,8 +393,9 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
 def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
                     train_set: datasets.Dataset, data_run_id: str, step1: dict, out: Path, folder: Path, *,
                     device: torch.device) -> dict:
-    """The prediction step (soft cross-entropy on cached teacher logits) into ``folder``, then the student's dev
-    metrics; returns its record."""
+    """The prediction step (soft cross-entropy on cached teacher logits, plus the gold-label term at
+    ``distill.hard_label_weight`` when that is above 0) into ``folder``, then the student's dev metrics; returns its
+    record, whose ``weights`` are the terms that ran (:func:`distill.objective.prediction_terms`)."""
     logits_run_id, _, _ = open_stage("teacher_logits", config, out / "teacher_logits",
                                      {"teacher": teacher_record["run_id"], "augmented": data_run_id})
     inputs = {"student_intermediate": step1["run_id"], "teacher_logits": logits_run_id}
@@ -415,9 +416,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
                   list(range(1, student.config.num_hidden_layers + 1)))  # no layer is matched: logits alone
     metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
     logger.info("student dev metrics: %s", metrics)
-    weights = {"prediction": weight}
-    if config.distill.hard_label_weight > 0:
-        weights["hard_label"] = config.distill.hard_label_weight
+    weights = prediction_terms(config.distill.weights, config.distill.hard_label_weight)
     return mark_stage_done(folder, run_id, {"dev": metrics, "weights": weights, "device": str(device)})
 
 

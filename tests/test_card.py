@@ -193,3 +193,14 @@ def test_a_record_without_the_gold_label_entry_still_lists_the_term_its_run_id_s
     assert ran_weights(config, step1, step2) == {"hidden": 1.0, "prediction": 1.0}
     gold = with_overrides(config, {"distill.hard_label_weight": 0.5})
     assert ran_weights(gold, step1, step2) == {"hidden": 1.0, "prediction": 1.0, "hard_label": 0.5}
+    assert ran_weights(gold, step1, {"weights": {"prediction": 1.0, "hard_label": 0.25}})["hard_label"] == 0.25
+
+
+def test_the_gold_label_term_is_weighted_with_the_prediction_term_it_is_added_to():
+    """The objective weights the whole prediction term, gold-label loss included: its effective weight is the
+    product, and with the prediction term off it does not run."""
+    from distill.objective import prediction_terms
+
+    assert prediction_terms({}, 0.0) == {"prediction": 1.0}
+    assert prediction_terms({"prediction": 0.5}, 1.0) == {"prediction": 0.5, "hard_label": 0.5}
+    assert prediction_terms({"prediction": 0.0}, 1.0) == {"prediction": 0.0}
