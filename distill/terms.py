@@ -175,7 +175,8 @@ def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch
         student.logits, target, batch.get("labels"), temperature=objective.temperature,
         temperature_squared=objective.temperature_squared, hard_label_weight=objective.hard_label_weight,
         regression=objective.regression, batch=batch)
-    return TermValue(loss, (student.logits.float() != target.float()).any())
+    return TermValue(loss, objective.task_type.prediction_inputs_differ(student.logits, target, batch.get("labels"),
+                                                                         batch))
 
 
 LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (

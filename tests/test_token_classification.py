@@ -94,6 +94,47 @@ def test_words_past_the_length_limit_are_counted_and_not_scored(tiny_tokenizer, 
     assert "8 words of 4 sentences fell past task.max_seq_length=5" in caplog.text
 
 
+def test_words_the_tokenizer_makes_nothing_of_are_counted_apart_from_cut_words(tiny_tokenizer, caplog):
+    import datasets
+
+    ids = {t: i for i, t in enumerate(TAGS)}
+    # U+FE0F (a variation selector, as after an emoji in WNUT-17) is stripped with the accents: no word piece
+    rows = datasets.Dataset.from_dict({"tokens": [["the", "\ufe0f", "actor"], ["a", "movie", "\ufe0f"]],
+                                       "label": [[ids["O"], ids["O"], ids["B-person"]], [0, 3, 0]]})
+    encoded = tokenize(rows, tiny_tokenizer, TaskSpecFor(), 64)
+    assert [label for label in encoded[0]["labels"] if label != IGNORE] == [0, 1]  # "the", "actor"
+    assert "2 words of 2 sentences are no word piece in this tokenizer" in caplog.text
+    assert "fell past" not in caplog.text
+    caplog.clear()
+    tokenize(rows, tiny_tokenizer, TaskSpecFor(), 3)  # [CLS] the [SEP]: "actor" cut; [CLS] a [SEP]: "movie" cut
+    assert "2 words of 2 sentences fell past task.max_seq_length=3" in caplog.text
+    assert "2 words of 2 sentences are no word piece" in caplog.text
+
+
+def test_a_batch_with_no_scored_piece_is_a_zero_loss_not_a_lost_one():
+    """The prediction term's "inputs differ" flag reads the scored pieces only: the teacher's padded logits are zeros
+    and differ from the student's everywhere, and a batch with nothing scored has loss 0 by definition, which must
+    not stop training as a loss lost to rounding would."""
+    from types import SimpleNamespace
+
+    from distill.terms import LOSS_TERMS, ModelOutputs, TeacherOutputs
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 4, 3), torch.zeros(2, 4, 3)
+    objective = SimpleNamespace(task_type=get_task_type("token_classification"), temperature=1.0,
+                                temperature_squared=False, hard_label_weight=0.0, regression=False)
+    term = LOSS_TERMS["prediction"]
+
+    def compute(labels):
+        outputs = TeacherOutputs(None, teacher, term.teacher_reads([1]))
+        return term.compute(objective, ModelOutputs(student, (), (), torch.ones(2, 4)), outputs, {"labels": labels})
+
+    nothing = compute(torch.full((2, 4), IGNORE))
+    assert nothing.loss.item() == 0.0 and not nothing.inputs_differ
+    one = compute(torch.tensor([[IGNORE, 1, IGNORE, IGNORE], [IGNORE] * 4]))
+    assert one.loss.item() > 0 and one.inputs_differ
+
+
 def test_the_token_loss_averages_over_scored_pieces_and_ignores_the_rest():
     torch.manual_seed(0)
     student, teacher = torch.randn(2, 4, 3), torch.randn(2, 4, 3)

@@ -72,6 +72,14 @@ class TaskType:
         positions may hold an answer)."""
         raise NotImplementedError
 
+    def prediction_inputs_differ(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                                 labels: torch.Tensor | None, batch: dict | None = None) -> torch.Tensor:
+        """Scalar bool tensor: whether the student's and the teacher's logits differ at a position
+        :meth:`prediction_loss` reads. A loss exactly 0 while this is true stops training (a sum or count lost to
+        rounding); positions the loss does not read (padding, unscored pieces) must not make it true, or a batch
+        with nothing scored, whose loss is 0 by definition, would stop it. This default: every position."""
+        return (student_logits.float() != teacher_logits.float()).any()
+
     supports_augmentation: bool = True  # TinyBERT's word replacement keeps this type's labels true
 
     def chance(self, spec: "TaskSpec", dev_labels: Any = None) -> dict:
@@ -252,6 +260,12 @@ class TokenClassification(TaskType):
             loss = loss + hard_label_weight * hard
         return loss
 
+    def prediction_inputs_differ(self, student_logits, teacher_logits, labels, batch=None):
+        from distill.tasks.token_classification import IGNORE
+
+        scored = labels != IGNORE  # the padded teacher logits are zeros, never read
+        return (student_logits[scored].float() != teacher_logits[scored].float()).any()
+
     def recipe(self, spec):
         return "ner_minilm.yaml", "the recipe for token classification"
 
@@ -349,6 +363,10 @@ class QuestionAnswering(TaskType):
                 student_logits, batch["start_positions"], batch["end_positions"], batch["context_mask"])
         return loss
 
+    def prediction_inputs_differ(self, student_logits, teacher_logits, labels, batch=None):
+        allowed = batch["context_mask"].bool()  # (B, T): [CLS] and the context, where the loss reads both outputs
+        return (student_logits[allowed].float() != teacher_logits[allowed].float()).any()
+
     def recipe(self, spec):
         return "squad_minilm.yaml", "the recipe for extractive question answering"
 
@@ -364,14 +382,15 @@ class QuestionAnswering(TaskType):
                 'Building is a skyscraper in Midtown Manhattan, New York City."))')
 
     def same_prediction(self, outputs, reference, spec, labels=None):
-        from distill.tasks.question_answering import best_span
+        from distill.tasks.question_answering import answers
 
-        if labels is None:
+        if labels is None:  # per feature: the same start and end piece
             return np.array([np.array_equal(np.asarray(a).argmax(0), np.asarray(b).argmax(0))
                              for a, b in zip(outputs, reference)], dtype=bool)
-        spans = [(best_span(a, label["offsets"]), best_span(b, label["offsets"]))
-                 for a, b, label in zip(outputs, reference, labels)]
-        return np.array([(a and a[1:]) == (b and b[1:]) for a, b in spans], dtype=bool)
+        # per question: the same answer span, the best over its features (a losing window may differ freely)
+        ours, theirs = answers(outputs, labels), answers(reference, labels)
+        return np.array([(ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"])
+                         for q in sorted(ours)], dtype=bool)
 
 
 def pad_rows(rows: list, length: int, fill: float, dtype: torch.dtype, left: bool = False) -> torch.Tensor:

@@ -100,7 +100,7 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
                    ) -> datasets.Dataset:
     """Tokenize pre-split sentences (``tokens``, ``label``) into word pieces with aligned ``labels``
     (:func:`align_labels`); a sentence longer than ``max_seq_length`` pieces is cut, and its words past the cut are
-    not scored (counted in the log).
+    not scored (counted in the log), nor are words the tokenizer makes no piece of (counted apart).
 
     Returns:
         ``input_ids``, ``attention_mask`` (``token_type_ids`` for BERT) and ``labels`` (T,), unpadded.
@@ -122,14 +122,22 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
     def encode(batch: dict) -> dict:
         words = [[" " + w for w in sentence] for sentence in batch["tokens"]] if spaced else batch["tokens"]
         encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_seq_length)
-        labels, cut = [], []
+        labels, missing = [], {}
         for i, tags in enumerate(batch["label"]):
             word_ids = encoded.word_ids(i)
             labels.append(align_labels(word_ids, tags))
             seen = {w for w in word_ids if w is not None}
-            cut.append(len(tags) - len(seen))
+            if len(seen) < len(tags):
+                missing[i] = seen
+        cut, empty = [0] * len(labels), [0] * len(labels)
+        if missing:  # a word without a piece was cut by the length limit, or is one the tokenizer makes nothing of
+            whole = tokenizer([words[i] for i in missing], is_split_into_words=True, truncation=False)
+            for j, (i, seen) in enumerate(missing.items()):
+                pieces = {w for w in whole.word_ids(j) if w is not None}
+                cut[i], empty[i] = len(pieces - seen), len(batch["label"][i]) - len(pieces)
         encoded["labels"] = labels
         encoded["words_cut"] = cut
+        encoded["words_empty"] = empty
         return encoded
 
     encoded = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
@@ -138,7 +146,12 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
         logger.warning("%d words of %d sentences fell past task.max_seq_length=%d word pieces and are not scored; "
                        "raise task.max_seq_length to keep them", words_cut, int(np.count_nonzero(encoded["words_cut"])),
                        max_seq_length)
-    return encoded.remove_columns("words_cut")
+    words_empty = int(np.sum(encoded["words_empty"]))
+    if words_empty:
+        logger.warning("%d words of %d sentences are no word piece in this tokenizer (e.g. a lone variation "
+                       "selector, or a control character) and are not scored", words_empty,
+                       int(np.count_nonzero(encoded["words_empty"])))
+    return encoded.remove_columns(["words_cut", "words_empty"])
 
 
 def token_soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
