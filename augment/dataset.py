@@ -148,7 +148,10 @@ def examples_to_augment(num_examples: int, config: AugmentConfig, mlm_words: lis
     than (max_rows − n) / num_copies, so the augmented set stays within about ``max_rows`` rows whatever the size of
     the task (a small task is augmented in full, a large one in part); under ``max_mlm_words``, no more than the first
     examples whose masked-LM work (``mlm_words``, :func:`masked_lm_words`) sums to at most that, so that long texts,
-    whose every word is a masked row as long as the text, cannot make augmentation run for hours."""
+    whose every word is a masked row as long as the text, cannot make augmentation run for hours. With
+    ``num_copies`` 0, none (no copy to make: the masked LM is not run)."""
+    if config.num_copies == 0:
+        return 0
     limit = num_examples if config.max_examples is None else min(config.max_examples, num_examples)
     if config.max_rows is not None and config.num_copies > 0:
         limit = min(limit, max(0, (config.max_rows - num_examples) // config.num_copies))

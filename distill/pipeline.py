@@ -149,7 +149,8 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     search on ``device``. Returns (dataset, run id)."""
     if not config.augment.enabled:
         return data["train"], STAGES["augmented"].run_id(config, {"mlm": "none"})
-    mlm, mlm_run_id = mlm_stage(config, out, device=device)
+    # no copies to make (augment.num_copies 0: the set is the training set and any unlabelled text): no masked LM
+    mlm, mlm_run_id = mlm_stage(config, out, device=device) if config.augment.num_copies else (None, "none")
     folder = out / "augmented"
     run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id})
     dev = dev_texts(data, spec) if config.augment.unlabelled else frozenset()  # never drawn as unlabelled text
@@ -157,7 +158,7 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
         return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
     _start("augmentation", folder)
-    factory = generator_factory(config.augment, mlm, device=device)
+    factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                 replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
     num_augmented = int(np.sum(augmented["is_augmented"]))
@@ -483,7 +484,8 @@ def logit_rows(logits: np.ndarray | list[np.ndarray]) -> pyarrow.ListArray:
 
 def stages_used(config: PipelineConfig) -> list[str]:
     """The stage folders a job with this config runs or reuses (for its report's stage times)."""
-    augment = ["mlm"] * (config.mlm.model is None) + ["augmented"] if config.augment.enabled else []
+    mlm = config.mlm.model is None and config.augment.num_copies > 0
+    augment = ["mlm"] * mlm + ["augmented"] if config.augment.enabled else []
     cache = ["teacher_outputs"] if config.distill.teacher_cache is not None else []
     return ["teacher", *augment, "general", *cache, "student_intermediate", "teacher_logits", "student"]
 
@@ -735,7 +737,10 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         add("augmented", None, None, "augment.enabled is false")
         data_id = STAGES["augmented"].run_id(config, {"mlm": "none"})
     else:
-        if config.mlm.model is not None:
+        if config.augment.num_copies == 0:
+            mlm_id = "none"
+            add("mlm", None, None, "augment.num_copies is 0")
+        elif config.mlm.model is not None:
             mlm_id = "given"
             add("mlm", None, None, "mlm.model is given")
         else:

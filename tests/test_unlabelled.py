@@ -163,3 +163,29 @@ def test_the_pipeline_distils_on_unlabelled_rows_and_the_card_says_so(tmp_path, 
     run_pipeline(load_config(str(path)))  # a rerun reuses every stage, the unlabelled rows read back
     assert json.loads((out / "augmented" / "stage.json").read_text()) == record
     assert (out / "student" / "model.safetensors").read_bytes() == student
+
+
+def test_unlabelled_text_without_augmented_copies_runs_no_masked_lm(tmp_path, tiny_tokenizer):
+    """``augment.num_copies: 0`` with unlabelled text: the set is the training examples and the text's sentences; no
+    masked LM is adapted or run (the plan says why), and no example is augmented."""
+    from distill.pipeline import plan_pipeline, run_pipeline
+    from tests.conftest import tiny_job_every_stage
+
+    path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
+    corpus = write_corpus(tmp_path / "unlabelled.txt", [f"the movie {w} was good" for w in ("plot", "cast", "film")])
+    job = yaml.safe_load(path.read_text())
+    job["general"]["enabled"] = False
+    job["export"]["onnx"] = False
+    job["augment"].update(unlabelled=[str(corpus)], max_rows=40, num_copies=0)
+    job["distill"]["hard_label_weight"] = 0.0
+    path.write_text(yaml.safe_dump(job))
+    config = load_config(str(path))
+    plan = {row["stage"]: row for row in plan_pipeline(config)}
+    assert plan["mlm"]["action"] == "skip" and plan["mlm"]["why"] == "augment.num_copies is 0"
+    run_pipeline(config)
+    out = tmp_path / "run"
+    assert not (out / "mlm").exists()
+    record = json.loads((out / "augmented" / "stage.json").read_text())
+    assert record["num_augmented"] == 0 and record["num_unlabelled"] == 3
+    train = datasets.load_from_disk(str(next((out / "augmented" / "shards").glob("shard-*"))))
+    assert record["num_rows"] == len(train) + 3 and not any(train["is_augmented"])
