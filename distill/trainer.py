@@ -328,6 +328,11 @@ def train(
                 progress.close()
                 for tracker in accelerator.trackers:  # not end_training(): that also ends the process group
                     tracker.finish()
+        if stop["signal"] is not None:  # it came during the last step, its scoring or its checkpoint: all saved
+            name = signal.Signals(stop["signal"]).name
+            raise TrainingInterrupted(
+                f"{description}: stopped by {name} during its last step; all {steps} steps are done and checkpointed "
+                f"in {output_dir / 'checkpoints'}. Re-run the same command to go on from there.", stop["signal"])
     if selection is not None and (output_dir / BEST_FOLDER / BEST_FILE).is_file():
         trainable.load_state_dict(load_file(output_dir / BEST_FOLDER / BEST_FILE))
         logger.info("%s: keeping the weights of step %d (dev %.4f), the best of %s", description, state.best_step,

@@ -202,6 +202,37 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_p
         assert torch.equal(a, b), name
 
 
+def test_a_signal_in_the_last_step_stops_the_job_rather_than_being_lost(tmp_path, tiny_tokenizer):
+    """A stop asked for during the last step (or its scoring) cannot stop before it, but it must still stop the job,
+    not let the caller go on to the next stage; a re-run finds every step done and returns the same weights."""
+    import os
+    import signal
+
+    from distill.trainer import TrainingInterrupted
+
+    config = TrainConfig(max_steps=4, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=5)
+    reference = _distill_objective()
+    train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
+
+    interrupted = _distill_objective()
+    forward, calls = interrupted.forward, []
+
+    def signal_in_the_last_step(batch):
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return forward(batch)
+
+    interrupted.forward = signal_in_the_last_step
+    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGTERM during its last step; all 4 steps are done"):
+        train(interrupted, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    resumed = _distill_objective()
+    assert train(resumed, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run").step == 4
+    for (name, a), (_, b) in zip(reference.trainable.state_dict().items(), resumed.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
 def test_non_finite_loss_names_step_and_term(tmp_path, tiny_tokenizer):
     objective = _distill_objective()
     with torch.no_grad():
