@@ -171,8 +171,25 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, t
     assert state.step == 4
 
 
-def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_path, tiny_tokenizer):
+def _sigterm_in_step(step: int):
+    """A distillation objective that sends this process SIGTERM inside the forward of its ``step``-th step."""
     import os
+    import signal
+
+    objective = _distill_objective()
+    forward, calls = objective.forward, []
+
+    def forward_then_signal(batch):
+        calls.append(1)
+        if len(calls) == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return forward(batch)
+
+    objective.forward = forward_then_signal
+    return objective
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_path, tiny_tokenizer):
     import signal
 
     from distill.trainer import TrainingInterrupted
@@ -181,16 +198,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_p
     reference = _distill_objective()
     train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
 
-    interrupted = _distill_objective()
-    forward, calls = interrupted.forward, []
-
-    def signal_in_step_4(batch):
-        calls.append(1)
-        if len(calls) == 4:  # inside the fourth step's forward: that step finishes, then the loop stops
-            os.kill(os.getpid(), signal.SIGTERM)
-        return forward(batch)
-
-    interrupted.forward = signal_in_step_4
+    interrupted = _sigterm_in_step(4)  # inside the fourth step's forward: that step finishes, then the loop stops
     with pytest.raises(TrainingInterrupted, match=r"stopped by SIGTERM after step 4 of 8; checkpoint written to "
                                                   r".*step-000004. Re-run the same command"):
         train(interrupted, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
@@ -205,7 +213,6 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_p
 def test_a_signal_in_the_last_step_stops_the_job_rather_than_being_lost(tmp_path, tiny_tokenizer):
     """A stop asked for during the last step (or its scoring) cannot stop before it, but it must still stop the job,
     not let the caller go on to the next stage; a re-run finds every step done and returns the same weights."""
-    import os
     import signal
 
     from distill.trainer import TrainingInterrupted
@@ -214,16 +221,7 @@ def test_a_signal_in_the_last_step_stops_the_job_rather_than_being_lost(tmp_path
     reference = _distill_objective()
     train(reference, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run")
 
-    interrupted = _distill_objective()
-    forward, calls = interrupted.forward, []
-
-    def signal_in_the_last_step(batch):
-        calls.append(1)
-        if len(calls) == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return forward(batch)
-
-    interrupted.forward = signal_in_the_last_step
+    interrupted = _sigterm_in_step(4)  # the last step
     with pytest.raises(TrainingInterrupted, match=r"stopped by SIGTERM during its last step; all 4 steps are done"):
         train(interrupted, _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
