@@ -120,16 +120,19 @@ def summarize(reports: dict[int, dict]) -> dict:
 
 
 def _show(spread: dict | None, low_high: bool, scale: float = 1.0, unit: str = "", digits: int = 4) -> str:
-    """A spread (:func:`_spread`) as "mean ± sd" or as "min-max"; "-" for none."""
+    """A spread (:func:`_spread`) as "mean ± sd" or as "min-max"; "-" for none; one value alone (no sd) as itself."""
     if spread is None:
         return "-"
     if low_high:
         return f"{scale * spread['min']:.{digits}f}{unit}-{scale * spread['max']:.{digits}f}{unit}"
+    if spread["n"] < 2:
+        return f"{scale * spread['mean']:.{digits}f}{unit}"
     return f"{scale * spread['mean']:.{digits}f}{unit} ± {scale * spread['std']:.{digits}f}{unit}"
 
 
 def seeds_markdown(summary: dict) -> str:
-    """``seeds.md``: one row per seed, then mean ± standard deviation and the range over seeds."""
+    """``seeds.md``: one row per seed, then mean ± standard deviation and the range over seeds (left out for one seed,
+    which has no spread; a metric that one run alone has is shown as its value with n=1)."""
     metrics = summary["metrics"]
     header = ["seed", *[f"teacher {m}" for m in metrics], *[f"student {m}" for m in metrics],
               *[f"retained {m}" for m in metrics], "task stages (min)"]
@@ -140,15 +143,17 @@ def seeds_markdown(summary: dict) -> str:
         lines.append("| " + " | ".join([str(run["seed"]), *[f"{run['teacher'][m]:.4f}" for m in metrics],
                                         *[f"{run['student'][m]:.4f}" for m in metrics], *retained, minutes]) + " |")
     over, runs = summary["over_seeds"], len(summary["runs"])
-    for label, low_high in (("mean ± sd", False), ("range", True)):
+    for label, low_high in (("mean ± sd", False), ("range", True)) if runs > 1 else ():
         cells = [_show(over[role].get(m), low_high) for role in ("teacher", "student") for m in metrics]
         for m in metrics:
             spread = over["retained"].get(m)
             cells.append(_show(spread, low_high, 100, "%", 1)
                          + (f" (n={spread['n']})" if spread is not None and spread["n"] < runs else ""))
         lines.append("| " + " | ".join([label, *cells, _show(over["task_minutes"], low_high, digits=1)]) + " |")
-    note = (f"\n\n{runs} runs of the same job, one per seed (every task stage's seed); retained is the student's dev "
-            "metric over its own run's teacher's (left out where the teacher's is at or below 0; n counts the runs "
-            "that have it); sd is the sample standard deviation. Task stages: wall time of the stages each run ran, "
-            "general distillation left out (made once, reused); a resumed stage counts from its resume.\n")
+    spread_said = ("sd is the sample standard deviation" if runs > 1 else
+                   "one run has no spread over seeds: name more with --seeds for one")
+    note = (f"\n\n{runs} run{'s' if runs > 1 else ''} of the same job, one per seed (every task stage's seed); "
+            "retained is the student's dev metric over its own run's teacher's (left out where the teacher's is at or "
+            f"below 0; n counts the runs that have it); {spread_said}. Task stages: wall time of the stages each run "
+            "ran, general distillation left out (made once, reused); a resumed stage counts from its resume.\n")
     return "\n".join(lines) + note + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else "")

@@ -54,7 +54,15 @@ def test_retained_is_left_out_where_the_teacher_metric_is_not_positive():
         {"mean": 0.75, "std": 0.0, "min": 0.75, "max": 0.75, "n": 1})
     assert summary["over_seeds"]["teacher"]["pearson"]["n"] == 2
     table = seeds_markdown(summary)
-    assert "| 2 | -0.1000 | 0.2000 | - |" in table and "75.0% ± 0.0% (n=1)" in table
+    assert "| 2 | -0.1000 | 0.2000 | - |" in table and "| 75.0% (n=1) |" in table
+
+
+def test_one_seed_has_no_spread_rows():
+    """One run has no standard deviation: the summary shows its row and says so, not "± 0"."""
+    table = seeds_markdown(summarize({44: _report({"f1": 0.6571}, {"f1": 0.6382}, {"teacher": 600})}))
+    assert "| 44 | 0.6571 | 0.6382 | 97.1% | 10.0 |" in table
+    assert "±" not in table and "mean" not in table and "| range |" not in table
+    assert "1 run of the same job" in table and "one run has no spread over seeds" in table
 
 
 def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
