@@ -202,6 +202,26 @@ def test_the_shipped_tinybert_recipe_is_the_measured_command():
         assert getattr(recipe, section) == getattr(default, section), section
 
 
+def test_the_shipped_pair_tinybert_recipe_is_the_measured_command():
+    """configs/pair_tinybert.yaml is the pair recipe with the six settings of the measured 4-layer/312 pair runs
+    (docs/results.md, "The 4-layer/312 recipe on pairs"), field for field, and its general stage is the one those
+    runs made: its teacher, masked LM and augmented set are the pair recipe's, so their folders can be reused."""
+    import dataclasses
+
+    from distill.general import general_config
+
+    recipe = load_config(ROOT / "configs/pair_tinybert.yaml")
+    measured = load_config(ROOT / "configs/pair_minilm.yaml", {
+        "student.preset": "tinybert-4l-312", "student.init": "teacher_embeddings", "general.enabled": True,
+        "distill.teacher_cache": "float16", "distill.intermediate.num_epochs": 10, "distill.prediction.num_epochs": 3})
+    assert recipe.output_dir == "runs/pair_tinybert"
+    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
+    assert general_config(recipe) == general_config(measured)
+    pair = load_config(ROOT / "configs/pair_minilm.yaml")
+    for section in ("task", "teacher", "mlm", "augment"):
+        assert getattr(recipe, section) == getattr(pair, section), section
+
+
 @pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
                                             (".5", 0.5), ("2", 2.0), ("1.0e-4", 1e-4), ("1_000.5", 1000.5)])
 def test_a_float_field_takes_a_number_in_any_form_people_write(tmp_path, written, value):
