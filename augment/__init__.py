@@ -11,7 +11,14 @@ from augment.augmenter import (
     sample_word_copies,
     split_words,
 )
-from augment.dataset import augment_dataset, augment_examples, augment_fingerprint, load_shards, save_dataset
+from augment.dataset import (
+    augment_dataset,
+    augment_examples,
+    augment_fingerprint,
+    examples_to_augment,
+    load_shards,
+    save_dataset,
+)
 from augment.tokens import TagMask, only_tags, replacement_stats, word_candidates
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
 

@@ -31,6 +31,7 @@ from transformers import set_seed
 
 from augment import (
     augment_dataset,
+    examples_to_augment,
     generator_factory,
     load_shards,
     save_dataset,
@@ -131,10 +132,18 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
 
 
+def mlm_run_id(config: PipelineConfig) -> str:
+    """The masked LM's part of the augmented set's run id: "none" without copies (``augment.num_copies`` 0),
+    "given" for ``mlm.model``, else the run id of the masked LM adapted here."""
+    if config.augment.num_copies == 0:
+        return "none"
+    return "given" if config.mlm.model is not None else STAGES["mlm"].run_id(config, {})
+
+
 def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> tuple[str, str]:
     """The masked LM for augmentation: the configured one, or one adapted here. Returns (name or folder, run id)."""
     if config.mlm.model is not None:
-        return config.mlm.model, "given"  # mlm.model itself is read by the augmentation stage
+        return config.mlm.model, mlm_run_id(config)  # mlm.model itself is read by the augmentation stage
     folder = out / "mlm"
     run_id, config, record = open_stage("mlm", config, folder)
     if record is None:
@@ -149,10 +158,18 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     search on ``device``. Returns (dataset, run id)."""
     if not config.augment.enabled:
         return data["train"], STAGES["augmented"].run_id(config, {"mlm": "none"})
-    # no copies to make (augment.num_copies 0: the set is the training set and any unlabelled text): no masked LM
-    mlm, mlm_run_id = mlm_stage(config, out, device=device) if config.augment.num_copies else (None, "none")
+    # No copies to make: augment.num_copies 0, or a training set that fills augment.max_rows (or max_examples 0) on
+    # its own; the set is the training set and any unlabelled text, and no masked LM is adapted. The run id still
+    # names the masked LM the config asks for, so that the plan, which reads no data, gives the same one.
+    copies = config.augment.num_copies > 0 and examples_to_augment(
+        len(data["train"]), dataclasses.replace(config.augment, max_mlm_words=None)) > 0
+    if config.augment.num_copies > 0 and not copies:
+        logger.info("augmentation: the %d training examples leave no room for copies (augment.max_rows %s, "
+                    "augment.max_examples %s); every example is kept as it is and no masked LM is adapted",
+                    len(data["train"]), config.augment.max_rows, config.augment.max_examples)
+    mlm, mlm_id = mlm_stage(config, out, device=device) if copies else (None, mlm_run_id(config))
     folder = out / "augmented"
-    run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id})
+    run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_id})
     dev = dev_texts(data, spec) if config.augment.unlabelled else frozenset()  # never drawn as unlabelled text
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
@@ -737,14 +754,16 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         add("augmented", None, None, "augment.enabled is false")
         data_id = STAGES["augmented"].run_id(config, {"mlm": "none"})
     else:
+        mlm_id = mlm_run_id(config)
         if config.augment.num_copies == 0:
-            mlm_id = "none"
             add("mlm", None, None, "augment.num_copies is 0")
         elif config.mlm.model is not None:
-            mlm_id = "given"
             add("mlm", None, None, "mlm.model is given")
         else:
-            mlm_id = add("mlm", out / "mlm", STAGES["mlm"].run_id(config, {}))
+            add("mlm", out / "mlm", mlm_id)
+            if rows[-1]["action"] != "reuse" and (config.augment.max_rows is not None
+                                                  or config.augment.max_examples is not None):
+                rows[-1]["note"] = "not if the training set leaves no room for copies under augment.max_rows"
         data_id = add("augmented", out / "augmented", STAGES["augmented"].run_id(config, {"mlm": mlm_id}))
     if not config.general.enabled or config.student.model is not None:
         general_id = "none"
@@ -795,5 +814,6 @@ def plan_markdown(rows: list[dict]) -> str:
     lines = [f"{'stage':<22}{'action':<9}{'run id':<18}folder"]
     for row in rows:
         where = row.get("why") and f"({row['why']})" or row["folder"] or ""
-        lines.append(f"{row['stage']:<22}{row['action']:<9}{row['run_id'] or '-':<18}{where}")
+        note = f" ({row['note']})" if row.get("note") else ""
+        lines.append(f"{row['stage']:<22}{row['action']:<9}{row['run_id'] or '-':<18}{where}{note}")
     return "\n".join(lines)

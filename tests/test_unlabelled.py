@@ -189,3 +189,29 @@ def test_unlabelled_text_without_augmented_copies_runs_no_masked_lm(tmp_path, ti
     assert record["num_augmented"] == 0 and record["num_unlabelled"] == 3
     train = datasets.load_from_disk(str(next((out / "augmented" / "shards").glob("shard-*"))))
     assert record["num_rows"] == len(train) + 3 and not any(train["is_augmented"])
+
+
+def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tokenizer):
+    """``augment.max_rows`` no larger than the training set leaves no room for copies: no masked LM is adapted, every
+    example is kept unaugmented, and the augmented stage has the run id the plan (which reads no data) printed."""
+    from distill.pipeline import plan_markdown, plan_pipeline, run_pipeline
+    from tests.conftest import tiny_job_every_stage
+
+    path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
+    job = yaml.safe_load(path.read_text())
+    job["general"]["enabled"] = False
+    job["export"]["onnx"] = False
+    job["augment"].update(max_rows=1, num_copies=2)
+    path.write_text(yaml.safe_dump(job))
+    config = load_config(str(path))
+    plan = {row["stage"]: row for row in plan_pipeline(config)}
+    assert plan["mlm"]["action"] == "run" and "augment.max_rows" in plan_markdown(list(plan.values()))
+    run_pipeline(config)
+    out = tmp_path / "run"
+    assert not (out / "mlm").exists()
+    record = json.loads((out / "augmented" / "stage.json").read_text())
+    assert record["run_id"] == plan["augmented"]["run_id"]
+    train = datasets.load_from_disk(str(next((out / "augmented" / "shards").glob("shard-*"))))
+    assert record["num_augmented"] == 0 and record["num_rows"] == len(train) > 1 and not any(train["is_augmented"])
+    again = {row["stage"]: row["action"] for row in plan_pipeline(config)}
+    assert again["augmented"] == "reuse" and again["student"] == "reuse"
