@@ -177,41 +177,34 @@ NOT_CAPTURABLE = {
     "deberta-v2": "its disentangled attention does not dispatch through the attention interface",
 }
 # Families whose attention does not dispatch through the interface but whose scores forward hooks can recompute
-# (see :class:`HookedScores`): teachers only, since a student's scores must come from the attention it trains.
+# (see :class:`HookedScores`), as a teacher and as a student: the hooks form the scores from the query and key the
+# model computed, so a loss on them reaches the student's weights as through the model's own scores.
 HOOKED = {"mpnet"}
-TEACHER_ONLY_REASON = ("its attention does not dispatch through the attention interface: its scores are captured by "
-                       "forward hooks, which serve a frozen teacher only. Use a student of a supported family that "
-                       "shares its tokenizer (student.model_type: bert, the default for such a teacher)")
 LOGIT_ONLY_HINT = ("Logit-only distillation (the prediction step alone) still works for it: set distill.weights: "
                    "{embedding: 0, hidden: 0, attention: 0} and a student of a supported family (student.model_type: "
                    "bert) that shares the teacher's tokenizer.")
 
 
-def capture_support(config, role: str = "model") -> str | None:
-    """Why a model type cannot be distilled layer by layer (None when it may be: the probe in
-    :func:`check_capture` decides for types not listed). Reads the config only.
+def capture_support(config) -> str | None:
+    """Why a model type cannot be distilled layer by layer, as a teacher or as a student (None when it may be: the
+    probe in :func:`check_capture` decides for types not listed). Reads the config only.
 
     Args:
         config: a `transformers` config.
-        role: "teacher", "student" or "model": some families can be captured as a frozen teacher only.
     """
     model_type = getattr(config, "model_type", None)
     if model_type in HOOKED:
-        if role == "teacher":
-            return None
-        reason = TEACHER_ONLY_REASON
-    elif model_type in NOT_CAPTURABLE:
+        return None
+    if model_type in NOT_CAPTURABLE:
         reason = NOT_CAPTURABLE[model_type]
     elif getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
         reason = "an encoder-decoder or decoder"
     else:
         return None
-    if model_type in HOOKED:
-        return f"model type {model_type!r} cannot be a {role} for layer-wise distillation: {reason}"
     return (f"model type {model_type!r} is not a BERT-style encoder ({reason}): its hidden states and attention "
             f"scores cannot be matched layer by layer. Supported: {', '.join(SUPPORTED)} and other encoders whose "
-            f"attention dispatches through the transformers attention interface, and {', '.join(sorted(HOOKED))} as "
-            f"a teacher. {LOGIT_ONLY_HINT}")
+            f"attention dispatches through the transformers attention interface, and {', '.join(sorted(HOOKED))}. "
+            f"{LOGIT_ONLY_HINT}")
 
 
 def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False,
@@ -268,14 +261,17 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
 
 
 class HookedScores:
-    """Pre-softmax attention scores of a frozen MPNet teacher, recomputed by forward hooks (no model code forked).
+    """Pre-softmax attention scores of an MPNet teacher or student, recomputed by forward hooks (no model code forked).
 
     MPNet's self-attention (``MPNetSelfAttention``) computes S = QKᵀ/√d + B, where B is the relative position bias
     the encoder computes once and passes to every layer, and returns softmax probabilities. Hooks on each captured
     layer's query and key projections keep their outputs; a hook on the self-attention module takes the bias from its
     inputs and forms S the way the module does (same operations, same order), so softmax(S + mask) equals the
     model's probabilities to float rounding (checked on a probe batch by :func:`check_capture`). The query/key
-    outputs are the ones the model computed: capture costs one (B, A, T, T) matmul per captured layer.
+    outputs are the ones the model computed: capture costs one (B, A, T, T) matmul per captured layer. For a student
+    in training the recomputed S is on the autograd graph of those same query, key and bias tensors, so the attention
+    loss's gradient reaches the student's weights (query, key, relative position bias and everything below them) as
+    it would through the module's own S (tested against a loss on the model's own probabilities).
 
     Args:
         model: an MPNet model (classifier or bare encoder).
@@ -448,7 +444,7 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
     """
     config = model.config
     model_type = getattr(config, "model_type", type(model).__name__)
-    reason = capture_support(config, role)
+    reason = capture_support(config)
     if reason is not None:
         raise CaptureError(f"{role}: {reason}")
     was_training = model.training

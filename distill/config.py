@@ -235,7 +235,9 @@ class StudentConfig:
     hidden_size: int | None = None  # h_S
     intermediate_size: int | None = None  # FFN size
     num_attention_heads: int | None = None  # A (must divide the teacher's: teacher heads are averaged in groups)
-    model_type: str | None = None  # the student's family (None: the teacher's); "albert" for an ALBERT-style student
+    # the student's family (None: the teacher's, but a BERT student for an MPNet teacher unless init is "teacher":
+    # students.build.STUDENT_FAMILY); "albert" for an ALBERT-style student
+    model_type: str | None = None
     embedding_size: int | None = None  # ALBERT: factorized embedding size E (None: hidden_size)
     num_hidden_groups: int | None = None  # ALBERT: groups of layers sharing weights (1: all layers share one set)
     init: str = "random"  # "random"; "teacher_embeddings": embeddings from the teacher (PCA to h_S);

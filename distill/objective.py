@@ -162,7 +162,7 @@ class DistillationObjective(nn.Module):
                           qkv_layers=[num_student_layers - 1] if needs_qkv else None)
         elif self.needs_intermediate:  # hidden states only: still refuse models that cannot be matched layer by layer
             for role, model in (("teacher", teacher), ("student", student)):
-                if (reason := capture_support(model.config, role)) is not None:
+                if (reason := capture_support(model.config)) is not None:
                     raise CaptureError(f"{role}: {reason}")
         self.trainable = nn.ModuleDict(
             {"student": student, "projections": self._projections(student, teacher, share_projection)}

@@ -107,7 +107,7 @@ def check_student_fits_teacher(config: PipelineConfig, teacher: PretrainedConfig
     else:
         shape = student_shape(config.student, teacher)
         layers, heads, hidden = shape["num_hidden_layers"], shape["num_attention_heads"], shape["hidden_size"]
-        student_type = shape.get("model_type", student_family(teacher.model_type))
+        student_type = shape.get("model_type", student_family(teacher.model_type, config.student.init))
     if intermediate_terms(config.distill.weights):  # logit-only: any teacher family, no layer map
         check_layer_wise(config, teacher, student_type, layers, heads, hidden)
     if config.student.model is None and config.student.init == "teacher":
@@ -135,7 +135,7 @@ def check_layer_wise(config: PipelineConfig, teacher, student_type: str, layers:
         CaptureError: a family whose attention scores cannot be captured. ConfigError: the field to change.
     """
     for role, model_config in (("teacher", teacher), ("student", AutoConfig.for_model(student_type))):
-        if (reason := capture_support(model_config, role)) is not None:
+        if (reason := capture_support(model_config)) is not None:
             raise CaptureError(f"{role}: {reason}")
     try:
         build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)

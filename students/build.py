@@ -41,8 +41,10 @@ ALBERT_FIELDS = ("embedding_size", "num_hidden_groups")
 # Config fields a family names differently from BERT (DistilBERT's FFN size is ``hidden_dim``; its attribute_map
 # covers hidden_size, num_hidden_layers and num_attention_heads itself).
 FIELD_NAMES = {"distilbert": {"intermediate_size": "hidden_dim"}}
-# The student family for a teacher family that cannot be a student (its attention scores come from hooks that serve
-# a frozen teacher only): one sharing its tokenizer and vocabulary.
+# The family of a student shaped anew (init random or teacher_embeddings) for a teacher family that is not the best
+# one to ship: one sharing its tokenizer and vocabulary whose attention runs the fused SDPA kernel (MPNet's adds a
+# relative position bias in its own eager attention). A student cut from the teacher's layers (init teacher) is of
+# the teacher's family, whose layers it copies.
 STUDENT_FAMILY = {"mpnet": "bert"}
 # Position ids of RoBERTa-style families start after the padding index (padding_idx + 1 = 2); BERT's start at 0.
 POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2}
@@ -99,17 +101,19 @@ def student_shape(config: StudentConfig, teacher_config: PretrainedConfig | None
     return shape
 
 
-def student_family(teacher_type: str) -> str:
-    """The default student family for a teacher family: the teacher's own, or one sharing its tokenizer
-    (:data:`STUDENT_FAMILY`: an MPNet teacher gets a BERT student)."""
-    return STUDENT_FAMILY.get(teacher_type, teacher_type)
+def student_family(teacher_type: str, init: str = "random") -> str:
+    """The default student family for a teacher family: the teacher's own, or for a student shaped anew one sharing
+    its tokenizer (:data:`STUDENT_FAMILY`: an MPNet teacher gets a BERT student unless ``init`` is "teacher", which
+    copies the teacher's layers and so keeps its family)."""
+    return teacher_type if init == "teacher" else STUDENT_FAMILY.get(teacher_type, teacher_type)
 
 
-def student_config(teacher_config: PretrainedConfig, shape: dict) -> PretrainedConfig:
+def student_config(teacher_config: PretrainedConfig, shape: dict, init: str = "random") -> PretrainedConfig:
     """The student's config: the teacher's with the student's shape, or, for a student of another family
-    (``shape["model_type"]``), that family's config with the teacher's vocabulary, positions and labels."""
+    (``shape["model_type"]``, else :func:`student_family` of the teacher's and ``init``), that family's config with
+    the teacher's vocabulary, positions and labels."""
     shape = dict(shape)
-    model_type = shape.pop("model_type", student_family(teacher_config.model_type))
+    model_type = shape.pop("model_type", student_family(teacher_config.model_type, init))
     names = FIELD_NAMES.get(model_type, {})
     shape = {names.get(key, key): value for key, value in shape.items()}
     if model_type == teacher_config.model_type:
@@ -142,7 +146,7 @@ def build_student(
     """
     shape = student_shape(config, teacher.config)
     model_class = AutoModel if encoder_only else head_class(teacher)
-    model = model_class.from_config(student_config(teacher.config, shape))
+    model = model_class.from_config(student_config(teacher.config, shape, config.init))
     if config.init == "teacher":
         if layer_map is None:  # the config's default map, as everywhere else (not layers 1..M)
             layer_map = build_layer_map("uniform", config_value(teacher.config, "num_hidden_layers"),

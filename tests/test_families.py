@@ -184,27 +184,86 @@ def test_mpnet_teacher_distils_into_a_bert_student_with_its_tokenizer(tmp_path, 
     assert 0 <= json.loads((out / "report.json").read_text())["student"]["accuracy"] <= 1
 
 
-def test_mpnet_cannot_be_a_student(tmp_path, tiny_tokenizer, capsys):
-    teacher = _mpnet(len(tiny_tokenizer))
-    assert run_distill.main(_job(tmp_path, teacher, tiny_tokenizer, student={"model_type": "mpnet"})) == 2
-    error = capsys.readouterr().err
-    assert "error: student: model type 'mpnet' cannot be a student for layer-wise distillation" in error
-    assert "student.model_type: bert" in error
+def test_an_mpnet_students_hooked_scores_carry_the_gradient_of_its_own_attention():
+    """A student's scores must come from the attention it trains: a loss on log-softmax of the hooked scores has
+    the same gradient, for every weight (query, key, relative position bias, embeddings), as the same loss on the
+    log of the attention probabilities the model itself returns."""
+    from distill.capture import run_model
+    from tests.conftest import padded_batch
+
+    model = _mpnet(34, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    check_capture(model, None, role="student")
+    model.train()
+    batch = padded_batch(vocab=34)
+    keys = batch["attention_mask"].bool()[:, None, None, :].expand(-1, 4, 7, -1)
+    weights = torch.randn(keys.shape, generator=torch.Generator().manual_seed(1))[keys]
+
+    def gradients(log_probs) -> dict:
+        model.zero_grad()
+        loss = sum((weights * layer[keys]).sum() for layer in log_probs)
+        loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    captured = run_model(model, batch)
+    hooked = gradients([torch.log_softmax(s.masked_fill(~keys, torch.finfo(s.dtype).min), dim=-1)
+                        for s in captured.attentions])
+    own = model(**batch, output_attentions=True).attentions  # the hooks record nothing outside run_model
+    reference = gradients([torch.log(torch.where(keys, p, 1.0)) for p in own])  # padding: 0, no inf
+    assert hooked.keys() == reference.keys()
+    for name in ("mpnet.encoder.layer.0.attention.attn.q.weight", "mpnet.encoder.layer.1.attention.attn.k.weight",
+                 "mpnet.encoder.relative_attention_bias.weight", "mpnet.embeddings.word_embeddings.weight"):
+        assert reference[name].abs().sum() > 0, name
+    for name, grad in reference.items():
+        torch.testing.assert_close(hooked[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_an_mpnet_teacher_with_a_student_cut_from_its_layers_is_refused_before_any_work(tmp_path, tiny_tokenizer,
-                                                                                         capsys):
-    """The student of an MPNet teacher is a BERT model, so the teacher's layers cannot be copied into it (init
-    teacher, as in the shipped configs): stopped at the start, with the settings that work."""
+def test_an_mpnet_teacher_half_student_is_cut_from_its_layers_and_distilled_on_every_term(tmp_path,
+                                                                                           tiny_tokenizer):
+    """The default student (the teacher at half depth, init teacher) of an MPNet teacher keeps the teacher's family,
+    so its layers can be copied: student layer 1 is teacher layer 2 with the relative position bias and the
+    classifier; it then distils with the attention term on the hooked scores, and logit-only as well."""
+    from distill.config import StudentConfig
+    from students import build_student
+
     teacher = _mpnet(len(tiny_tokenizer))
+    student = build_student(teacher, StudentConfig(preset="teacher-half", init="teacher"))
+    assert student.config.model_type == "mpnet" and student.config.num_hidden_layers == 1
+    state, teacher_state = student.state_dict(), teacher.state_dict()
+    for name in ("mpnet.encoder.layer.0.attention.attn.q.weight", "mpnet.encoder.layer.0.output.dense.weight",
+                 "mpnet.encoder.relative_attention_bias.weight", "mpnet.embeddings.word_embeddings.weight",
+                 "classifier.out_proj.weight"):
+        torch.testing.assert_close(state[name], teacher_state[name.replace("layer.0.", "layer.1.")], msg=name)
+    logit_only = {"weights": {"embedding": 0, "hidden": 0, "attention": 0}}
+    half = {"preset": "teacher-half", "init": "teacher", "num_hidden_layers": None, "hidden_size": None,
+            "intermediate_size": None, "num_attention_heads": None}
+    for distill, out in ((None, tmp_path / "layers"), (logit_only, tmp_path / "logits")):
+        data = write_glue_folder(out, "sst2")
+        config = tiny_job(out, teacher, tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)}, student=half,
+                          distill=distill or {}, export={"onnx": distill is None})
+        assert run_distill.main(["pipeline", "--config", config]) == 0
+        student = AutoModelForSequenceClassification.from_pretrained(out / "run" / "student")
+        assert student.config.model_type == "mpnet" and student.config.num_hidden_layers == 1
+        if distill is None:
+            log = [json.loads(line) for line in (out / "run" / "student_intermediate" / "log.jsonl").read_text()
+                   .splitlines()]
+            assert {"loss/embedding", "loss/hidden", "loss/attention"} <= set(log[-1])
+            assert all(value > 0 for key, value in log[-1].items() if key.startswith("loss/"))
+            assert (out / "run" / "student" / "onnx" / "model.onnx").exists()  # exported and checked like any student
+
+
+def test_a_student_of_another_family_cut_from_the_teachers_layers_is_refused_before_any_work(tmp_path,
+                                                                                               tiny_tokenizer, capsys):
+    """Layers copy between models of one family only: an ELECTRA teacher with a BERT student (same vocabulary) and
+    init teacher, as in the shipped configs, is stopped at the start with the settings that work."""
+    teacher = _classifier("electra", len(tiny_tokenizer), embedding_size=32)
     logit_only = {"weights": {"embedding": 0, "hidden": 0, "attention": 0}}
     for distill in (None, logit_only):  # logit-only distillation copies the teacher's layers too
-        argv = _job(tmp_path, teacher, tiny_tokenizer, student={"preset": "teacher-half", "init": "teacher"},
-                    distill=distill)
-        assert run_distill.main(argv) == 2
+        student = {"preset": "teacher-half", "init": "teacher", "model_type": "bert", "num_hidden_layers": None,
+                   "hidden_size": None, "intermediate_size": None, "num_attention_heads": None}
+        assert run_distill.main(_job(tmp_path, teacher, tiny_tokenizer, student=student, distill=distill)) == 2
         error = capsys.readouterr().err
         assert "student.init: 'teacher' copies layers between models of one family; the student is bert, the " \
-               "teacher mpnet" in error
+               "teacher electra" in error
         assert "--set student.init=teacher_embeddings (or random) with a fixed shape" in error
         assert not (tmp_path / "run" / "teacher").exists()
 
