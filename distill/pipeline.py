@@ -759,10 +759,11 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
             add("mlm", None, None, "augment.num_copies is 0")
         elif config.mlm.model is not None:
             add("mlm", None, None, "mlm.model is given")
+        elif config.augment.max_examples == 0:
+            add("mlm", None, None, "augment.max_examples is 0")
         else:
             add("mlm", out / "mlm", mlm_id)
-            if rows[-1]["action"] != "reuse" and (config.augment.max_rows is not None
-                                                  or config.augment.max_examples is not None):
+            if rows[-1]["action"] != "reuse" and config.augment.max_rows is not None:
                 rows[-1]["note"] = "not if the training set leaves no room for copies under augment.max_rows"
         data_id = add("augmented", out / "augmented", STAGES["augmented"].run_id(config, {"mlm": mlm_id}))
     if not config.general.enabled or config.student.model is not None:

@@ -4,6 +4,7 @@ logits; refused where a row is not one text or where a hard-label term would rea
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -215,3 +216,8 @@ def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tok
     assert record["num_augmented"] == 0 and record["num_rows"] == len(train) > 1 and not any(train["is_augmented"])
     again = {row["stage"]: row["action"] for row in plan_pipeline(config)}
     assert again["augmented"] == "reuse" and again["student"] == "reuse"
+    # Without a row budget only augment.max_examples 0 leaves no copies, and the plan knows it without the data.
+    none = dataclasses.replace(config, augment=dataclasses.replace(config.augment, max_rows=None, max_examples=0))
+    some = dataclasses.replace(config, augment=dataclasses.replace(config.augment, max_rows=None, max_examples=5))
+    assert {row["stage"]: row for row in plan_pipeline(none)}["mlm"]["action"] == "skip"
+    assert "note" not in {row["stage"]: row for row in plan_pipeline(some)}["mlm"]
