@@ -193,8 +193,6 @@ def capture_support(config) -> str | None:
         config: a `transformers` config.
     """
     model_type = getattr(config, "model_type", None)
-    if model_type in HOOKED:
-        return None
     if model_type in NOT_CAPTURABLE:
         reason = NOT_CAPTURABLE[model_type]
     elif getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
