@@ -364,6 +364,9 @@ class QuestionAnswering(TaskType):
         return loss
 
     def prediction_inputs_differ(self, student_logits, teacher_logits, labels, batch=None):
+        if batch is None or "context_mask" not in batch:
+            raise ValueError("question answering: comparing the prediction inputs needs the batch's context_mask "
+                             "(which positions may hold an answer)")
         allowed = batch["context_mask"].bool()  # (B, T): [CLS] and the context, where the loss reads both outputs
         return (student_logits[allowed].float() != teacher_logits[allowed].float()).any()
 

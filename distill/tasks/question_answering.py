@@ -236,7 +236,7 @@ def best_span(logits: np.ndarray, offsets: list, n_best: int = N_BEST, max_answe
         for e in ends:
             if e < s or e - s + 1 > max_answer_length:
                 continue
-            score = float(logits[s, 0] + logits[e, 1])
+            score = float(logits[s, 0]) + float(logits[e, 1])  # in float64, as _span_probability's normaliser
             if best is None or score > best[0]:
                 best = (score, int(offsets[s][0]), int(offsets[e][1]))
     return best
@@ -272,7 +272,7 @@ def _span_probability(logits: np.ndarray, offsets: list, span_logit: float) -> f
     logits = np.asarray(logits, dtype=np.float64)[: len(offsets)]
     context = np.array([tuple(o) != NO_SPAN for o in offsets[: len(logits)]])
     normaliser = sum(float(np.logaddexp.reduce(logits[context, k])) for k in (0, 1))
-    return float(np.exp(span_logit - normaliser))
+    return min(1.0, float(np.exp(span_logit - normaliser)))  # a probability, whatever the last bit of rounding
 
 
 def squad_metrics(outputs: list[np.ndarray], labels: list[dict]) -> dict[str, float]:
