@@ -162,10 +162,13 @@ def test_entity_metrics_are_seqevals_strict_iob2_scores():
     logits = np.eye(len(TAGS))[predicted]
     metrics = entity_metrics([logits], [gold], TAGS)
     assert metrics == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "accuracy": 0.75})
-    # Strict IOB2: an entity that starts with I- is not an entity, so tagging everything O scores 0 (chance).
+    # Strict IOB2: an entity that starts with I- is not an entity (seqeval's default mode would count it: F1 2/3).
     orphan = np.eye(len(TAGS))[[0, 2, 2, 0, 0, 0]]
     assert entity_metrics([orphan], [gold], TAGS)["f1"] == 0.0
-    assert get_task_type("token_classification").chance(TASKS["wnut_17"])["value"] == 0.0
+    # Chance, as the guard-rail reads it, is what tagging every word O scores: no entity, F1 0.
+    everything_o = np.eye(len(TAGS))[[0] * len(gold)]
+    assert entity_metrics([everything_o], [gold], TAGS)["f1"] == get_task_type(
+        "token_classification").chance(TASKS["wnut_17"])["value"]
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -191,14 +194,17 @@ def test_predict_gives_one_row_per_real_token_in_dataset_order(tiny_tokenizer):
     np.testing.assert_allclose(logits[1], alone, atol=1e-5)
 
 
-def test_wnut17_reads_the_shared_conll_files_and_the_hub_layout(monkeypatch):
-    import datasets
-
+def test_wnut17_reads_the_shared_conll_files():
     folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "ner" / "wnut17"
-    if folder.is_dir():
-        data = load_task_data(TaskConfig(name="wnut_17", data_dir=str(folder)))
-        assert (len(data["train"]), len(data["dev"])) == (3394, 1009)
-        assert data["train"][0]["tokens"][:3] == ["@paulwalk", "It", "'s"]
+    if not folder.is_dir():
+        pytest.skip(f"the shared WNUT-17 files are not at {folder}")
+    data = load_task_data(TaskConfig(name="wnut_17", data_dir=str(folder)))  # and their tags are IOB2
+    assert (len(data["train"]), len(data["dev"])) == (3394, 1009)
+    assert data["train"][0]["tokens"][:3] == ["@paulwalk", "It", "'s"]
+
+
+def test_wnut17_reads_the_hub_layout(monkeypatch):
+    import datasets
 
     def fake_load_dataset(name):
         assert name == "wnut_17"
@@ -236,9 +242,23 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
     assert json.loads((student / "config.json").read_text())["architectures"] == ["BertForTokenClassification"]
     cached = json.loads((out / "teacher_logits" / "stage.json").read_text())
     assert cached["num_rows"] == 16
-    tag = hf_pipeline("token-classification", model=str(student), aggregation_strategy="simple")
-    found = tag("the actor was wonderful")
-    assert isinstance(found, list) and all({"entity_group", "word", "start", "end"} <= set(e) for e in found)
+    # Served as scored: the card's pipeline ("first") tags each word by its first piece, the only piece the loss
+    # and the entity scores read, so the words inside its entities are those whose first piece is not tagged O.
+    words = ["the", "actor", "was", "wonderful"]  # "wonderful" is two pieces
+    tag = hf_pipeline("token-classification", model=str(student), aggregation_strategy="first")
+    found = tag(" ".join(words))
+    assert all({"entity_group", "word", "start", "end"} <= set(e) for e in found)
+    model = BertForTokenClassification.from_pretrained(student).eval()
+    encoded = tag.tokenizer(words, is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        predicted = model(**encoded).logits[0].argmax(-1).tolist()
+    word_ids = encoded.word_ids()
+    first_piece = {w: predicted[k] for k, w in enumerate(word_ids) if w is not None and w != word_ids[k - 1]}
+    tagged = {w for w, tag_id in first_piece.items() if model.config.id2label[tag_id] != "O"}
+    starts = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
+    inside = {i for i, start in enumerate(starts) for e in found if e["start"] <= start < start + len(words[i])
+              <= e["end"]}
+    assert inside == tagged
     card = (student / "README.md").read_text()
     assert "pipeline_tag: token-classification" in card and 'pipeline("token-classification"' in card
     export = json.loads((student / "onnx" / "export.json").read_text())
@@ -269,6 +289,26 @@ def test_tags_that_are_not_bio_and_word_accuracy_first_are_refused(tmp_path):
                              metrics=["accuracy", "f1"]))
     spec = task_spec(TaskConfig(name="ner", task_type="token_classification", train_file=str(ner), dev_file=str(ner)))
     assert spec.label_names == ("O", "B-location", "I-location", "B-person") and spec.metrics[0] == "f1"
+
+
+def test_iob1_tags_are_refused_with_where_and_how_to_convert(tmp_path):
+    from distill.data import load_task_data
+
+    # IOB1 (the original CoNLL-2003 files): an entity after O starts with I-, which strict IOB2 scoring would drop.
+    iob1 = write_conll(tmp_path / "iob1.conll", [SENTENCES[0], (["a", "movie", "film"], ["O", "I-location",
+                                                                                        "I-location"])])
+    config = TaskConfig(name="ner", task_type="token_classification", train_file=str(iob1), dev_file=str(iob1),
+                        label_names=list(TAGS))
+    with pytest.raises(DataError, match=r"iob1.conll, sentence 2, word 2: 'I-location' follows 'O'.*convert them to "
+                                        r"IOB2"):
+        load_task_data(config)
+    switched = write_conll(tmp_path / "switched.conll", [(["the", "actor", "movie"], ["O", "B-person", "I-location"])])
+    with pytest.raises(DataError, match=r"sentence 1, word 3: 'I-location' follows 'B-person'"):
+        load_task_data(TaskConfig(name="ner", task_type="token_classification", train_file=str(switched),
+                                  dev_file=str(switched), label_names=list(TAGS)))
+    fine = load_task_data(TaskConfig(name="ner", task_type="token_classification", train_file=str(write_conll(
+        tmp_path / "iob2.conll")), dev_file=str(tmp_path / "iob2.conll"), label_names=list(TAGS)))
+    assert len(fine["train"]) == len(SENTENCES)
 
 
 @pytest.mark.parametrize("hard_label_weight, warned", [(1.0, True), (0.0, False)])

@@ -275,8 +275,10 @@ class TokenClassification(TaskType):
         return {"metric": spec.metrics[0], "value": 0.0, "basis": "every word tagged O (no entity found)"}
 
     def usage(self, model):
+        # "first": each word takes its first piece's tag, the piece the loss and the entity scores read (the other
+        # pieces are never trained, so "simple" could serve a word's tail as another entity).
         return (f'from transformers import pipeline\n\ntag = pipeline("token-classification", model="{model}", '
-                'aggregation_strategy="simple")\nprint(tag("Empire State Building is in New York"))')
+                'aggregation_strategy="first")\nprint(tag("Empire State Building is in New York"))')
 
     def same_prediction(self, outputs, reference, spec, labels=None):
         from distill.tasks.token_classification import IGNORE

@@ -258,7 +258,7 @@ def read_tagged_file(path: str | Path, spec) -> datasets.Dataset:
 
     path = Path(path)
     if path.suffix not in JSON_SUFFIXES:
-        return read_conll(path, spec.label_names)
+        return check_iob2(read_conll(path, spec.label_names), spec.label_names, path)
     (source,) = [name for name, ours in spec.tsv_columns.items() if ours == "tokens"] or ["tokens"]
     table = read_table(str(path))
     require_columns(table, [source, spec.label_column], str(path))
@@ -272,7 +272,33 @@ def read_tagged_file(path: str | Path, spec) -> datasets.Dataset:
         except KeyError as unknown:
             raise DataError(f"{path}, line {line}: tag {unknown.args[0]!r} is not among the task's labels "
                             f"{list(spec.label_names)}; set task.label_names to the file's tag set") from None
-    return datasets.Dataset.from_dict({"tokens": [list(map(str, w)) for w in table[source]], "label": labels})
+    return check_iob2(datasets.Dataset.from_dict({"tokens": [list(map(str, w)) for w in table[source]],
+                                                  "label": labels}), spec.label_names, path)
+
+
+def check_iob2(dataset: datasets.Dataset, label_names: tuple[str, ...], path: str | Path) -> datasets.Dataset:
+    """The gold tags as IOB2 (Ramshaw and Marcus, 1995; Tjong Kim Sang and Veenstra, 1999): an ``I-type`` tag only
+    after ``B-type`` or ``I-type`` of the same type. seqeval's strict IOB2 mode, which scores the entities, drops an
+    entity that breaks this, so IOB1 files (the original CoNLL-2003 ``eng.*``) would score near 0.
+
+    Returns:
+        ``dataset`` unchanged.
+
+    Raises:
+        DataError: the first tag that breaks IOB2, with its file, sentence and word.
+    """
+    from distill.data import DataError
+
+    for number, sentence in enumerate(dataset["label"], start=1):
+        previous = "O"
+        for word, tag_id in enumerate(sentence, start=1):
+            tag = label_names[tag_id]
+            if tag.startswith("I-") and previous[2:] != tag[2:]:
+                raise DataError(f"{path}, sentence {number}, word {word}: {tag!r} follows {previous!r}, which IOB2 "
+                                "does not allow (an entity starts with B-); the tags look like IOB1: convert them "
+                                "to IOB2 (an I- tag that starts an entity becomes B-)")
+            previous = tag
+    return dataset
 
 
 def user_spec(config):
