@@ -6,7 +6,8 @@
     python run_distill.py distill --stage general [--teacher ENCODER] [--corpus FILE|HUB ...] [--max-steps N]
                                      [--streaming] [--output-dir DIR]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
-    python run_distill.py augment    --mlm MODEL [--input FILE|DIR|HUB [--text-columns A [B]]] [--task NAME] [options]
+    python run_distill.py augment    --mlm MODEL [--input FILE|DIR|HUB [--text-columns A [B]]] [--task NAME]
+                                     --output-dir DIR [options]
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ PIPELINE_CONFIGS = "sst2_minilm.yaml; without --config, a GLUE pair or regressio
     "pair_minilm.yaml, a token classification task (wnut_17, conll2003): ner_minilm.yaml, squad: squad_minilm.yaml"
 
 
-def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bool = True) -> None:
+def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bool = True,
+            output_dir_help: str | None = None) -> None:
     parser.add_argument("--config", help=f"{CONFIG_HELP}{', '.join(_shipped_names())}); default: {config_default}")
     if output_dir:
-        parser.add_argument("--output-dir", help="folder for every stage's output (overrides output_dir)")
+        parser.add_argument("--output-dir", required=output_dir_help is not None,
+                            help=output_dir_help or "folder for every stage's output (overrides output_dir)")
     parser.add_argument("--task", help="task name, e.g. sst2 (overrides task.name)")
     parser.add_argument("--data-dir", help="the task's data folder: GLUE TSV files (train.tsv, dev.tsv), CoNLL files "
                         "(wnut_17, conll2003) or SQuAD JSON files (squad) (overrides task.data_dir)")
@@ -160,7 +163,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     _set_flag(mlm)
 
     augment = commands.add_parser("augment", help="TinyBERT data augmentation of a training set")
-    _common(augment, "none, the built-in defaults of every field")
+    # Required: the augmented set is a stage of its own, not to be written into a job's folder (a config's output_dir).
+    _common(augment, "none, the built-in defaults of every field",
+            output_dir_help="folder for the augmented set's shards and stage record")
     augment.add_argument("--input", help="a .csv/.tsv/.jsonl file, a save_to_disk folder, or a hub dataset name[:config] "
                          "(default: the training set of --task)")
     augment.add_argument("--text-columns", nargs="+", help="column(s) to augment (default: the first pair or column "

@@ -71,7 +71,7 @@ def test_set_flags_override_any_field_with_yaml_values():
         load_config(ROOT / "configs" / "sst2_minilm.yaml", {"student.init.x": 1})
 
 
-def test_augment_flags_come_from_the_config_fields_and_their_help():
+def test_augment_flags_come_from_the_config_fields_and_their_help(capsys):
     import dataclasses
 
     import run_distill
@@ -86,6 +86,10 @@ def test_augment_flags_come_from_the_config_fields_and_their_help():
     assert flags["replace_prob"][1] is float and "p_t" in flags["replace_prob"][2]
     args = run_distill.parse_args(["augment", "--mlm", "m", "--max-rows", "900", "--output-dir", "o"])
     assert args.max_rows == 900
+    # Its own folder, always: without one it would write into the config's job folder (runs/sst2_minilm).
+    with pytest.raises(SystemExit):
+        run_distill.parse_args(["augment", "--mlm", "m"])
+    assert "required: --output-dir" in capsys.readouterr().err
 
 
 def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
