@@ -42,14 +42,18 @@ class _SquaredErrorSum(torch.autograd.Function):
                 ctx.sign = 2.0
             if keep is not None:
                 difference.mul_(keep)  # a 0/1 mask: excluded positions contribute 0 and get gradient 0
+            # Whether any kept pair differs, read before squaring: a float32 difference of two distinct values is
+            # never 0, but differences below ~4e-23 square to 0, so a total of 0 alone cannot tell "equal" apart.
+            differ = difference.ne(0).any()
             flat = difference.reshape(-1)
             total = torch.dot(flat, flat)
         ctx.save_for_backward(difference)
+        ctx.mark_non_differentiable(differ)
         ctx.student_dtype = student.dtype
-        return total
+        return total, differ
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _differ_grad):
         (difference,) = ctx.saved_tensors
         # In place: the difference is not needed again (a second backward through the same graph is refused by
         # autograd's version check on saved tensors).
@@ -57,8 +61,9 @@ class _SquaredErrorSum(torch.autograd.Function):
 
 
 def squared_error_sum(
-    student: torch.Tensor, teacher: torch.Tensor, keep: torch.Tensor | None = None, *, consume_teacher: bool = False
-) -> torch.Tensor:
+    student: torch.Tensor, teacher: torch.Tensor, keep: torch.Tensor | None = None, *, consume_teacher: bool = False,
+    with_differ: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Σ over kept positions of (student − teacher)², accumulated in float32, with its gradient.
 
     The same value and gradient as ``((student.float() - teacher.float()) ** 2 * keep).sum()``, in one subtraction,
@@ -78,9 +83,11 @@ def squared_error_sum(
         consume_teacher: write the difference into ``teacher``'s memory instead of a new buffer (its values are lost:
             for a teacher output read by nothing else). Ignored unless the teacher has the student's shape and is
             already in the accumulation dtype.
+        with_differ: also return whether any kept position differs (for the trainer's check of a loss lost to
+            rounding: a sum of 0 while they differ).
 
     Returns:
-        Scalar in float32 (float64 for float64 inputs).
+        Scalar in float32 (float64 for float64 inputs); with ``with_differ``, (that scalar, scalar bool tensor).
 
     Raises:
         ValueError: ``teacher`` requires a gradient (the target of a distillation loss is constant).
@@ -89,7 +96,8 @@ def squared_error_sum(
         raise ValueError("squared_error_sum: the teacher's tensor requires a gradient; pass teacher.detach()")
     consume_teacher = (consume_teacher and teacher.dtype == accumulation_dtype(student.dtype)
                        and teacher.shape == student.shape)
-    return _SquaredErrorSum.apply(student, teacher, keep, consume_teacher)
+    total, differ = _SquaredErrorSum.apply(student, teacher, keep, consume_teacher)
+    return (total, differ) if with_differ else total
 
 
 def match_heads(teacher_scores: torch.Tensor, num_student_heads: int) -> torch.Tensor:
@@ -126,8 +134,9 @@ def attention_error(
     attention_mask: torch.Tensor,
     *,
     consume_teacher: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sum and the count of :func:`attention_loss`: (Σ squared differences, A · number of valid pairs).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sum and the count of :func:`attention_loss`: (Σ squared differences, A · number of valid pairs), and
+    whether any valid pair's scores differ (scalar bool; see :func:`squared_error_sum`).
 
     Both are float32 (the count is exact up to 2^24 ≈ 16.8M pairs · heads per batch, and rounds by at most one part
     in 2^24 beyond): in fp16 the count alone overflows at batch 32, length 128, 12 heads (6.3M).
@@ -137,11 +146,14 @@ def attention_error(
     lengths = attention_mask.sum(dim=1, dtype=torch.int64)  # (B,) real tokens per example
     count = (lengths * lengths).sum().to(torch.float32) * heads  # valid (query, key) pairs per head, times heads
     if bool((lengths == attention_mask.shape[1]).all()):  # no padding: no masking pass
-        total = squared_error_sum(student_scores, teacher_scores, consume_teacher=consume_teacher)
-        return total, count
+        total, differ = squared_error_sum(student_scores, teacher_scores, consume_teacher=consume_teacher,
+                                          with_differ=True)
+        return total, count, differ
     valid = attention_mask.bool()
     pair_mask = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, T, T), True where both tokens are real
-    return squared_error_sum(student_scores, teacher_scores, pair_mask, consume_teacher=consume_teacher), count
+    total, differ = squared_error_sum(student_scores, teacher_scores, pair_mask, consume_teacher=consume_teacher,
+                                      with_differ=True)
+    return total, count, differ
 
 
 def attention_loss(
@@ -163,7 +175,7 @@ def attention_loss(
         Scalar, float32: Σ over heads and valid (query, key) pairs of squared differences / (A · number of valid
         pairs). Sums and counts are float32 whatever the inputs' dtype.
     """
-    total, count = attention_error(student_scores, teacher_scores, attention_mask, consume_teacher=consume_teacher)
+    total, count, _ = attention_error(student_scores, teacher_scores, attention_mask, consume_teacher=consume_teacher)
     return total / count.clamp(min=1)
 
 
@@ -174,8 +186,9 @@ def hidden_error(
     projection: nn.Module | None = None,
     *,
     consume_teacher: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sum and the count of :func:`hidden_loss`: (Σ squared differences, real tokens · h_T), both float32."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sum and the count of :func:`hidden_loss`: (Σ squared differences, real tokens · h_T), both float32, and
+    whether any real token's states differ (scalar bool; see :func:`squared_error_sum`)."""
     if projection is not None:
         student_hidden = projection(student_hidden)
     if student_hidden.shape[-1] != teacher_hidden.shape[-1]:
@@ -185,7 +198,9 @@ def hidden_error(
         )
     count = attention_mask.sum(dtype=torch.int64).to(torch.float32) * student_hidden.shape[-1]
     valid = attention_mask.bool()[..., None]  # (B, T, 1)
-    return squared_error_sum(student_hidden, teacher_hidden, valid, consume_teacher=consume_teacher), count
+    total, differ = squared_error_sum(student_hidden, teacher_hidden, valid, consume_teacher=consume_teacher,
+                                      with_differ=True)
+    return total, count, differ
 
 
 def teacher_variation(teacher_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -225,8 +240,8 @@ def hidden_loss(
     Raises:
         ValueError: the sizes differ and no projection was given.
     """
-    total, count = hidden_error(student_hidden, teacher_hidden, attention_mask, projection,
-                                consume_teacher=consume_teacher)
+    total, count, _ = hidden_error(student_hidden, teacher_hidden, attention_mask, projection,
+                                   consume_teacher=consume_teacher)
     return total / count.clamp(min=1)
 
 
@@ -242,7 +257,7 @@ def _log_relations(states: torch.Tensor, heads: int, keep_keys: torch.Tensor) ->
 
 def relation_error(
     student_states: torch.Tensor, teacher_states: torch.Tensor, attention_mask: torch.Tensor, heads: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ over relation heads and real queries of KL(R_T ‖ R_S), and their count (MiniLMv2, Wang et al., 2021, Eq. 3-5).
 
     R = softmax(X_r X_rᵀ / √d_r) relates every token to every other through one of the query, key or value
@@ -257,7 +272,8 @@ def relation_error(
         heads: A_r; must divide H_S and H_T.
 
     Returns:
-        (Σ KL, A_r · number of real queries), both float32 scalars.
+        (Σ KL, A_r · number of real queries), both float32 scalars, and whether the two log-relations differ at any
+        real (query, key) pair (scalar bool: a KL of 0 while they differ was lost to rounding).
 
     Raises:
         ValueError: ``heads`` does not divide a width.
@@ -274,7 +290,8 @@ def relation_error(
         kl = (teacher.exp() * (teacher - student)).sum(dim=-1)  # (B, A_r, T): KL per query
         total = (kl * valid[:, None, :]).sum()
         count = valid.sum(dtype=torch.int64).to(torch.float32) * heads
-    return total, count
+        differ = ((teacher != student) & keep_keys & valid[:, None, :, None]).any()
+    return total, count, differ
 
 
 def relation_loss(
@@ -282,7 +299,7 @@ def relation_loss(
 ) -> torch.Tensor:
     """Mean KL between teacher and student self-attention relations of one projection (MiniLMv2); see
     :func:`relation_error`. Scalar, float32."""
-    total, count = relation_error(student_states, teacher_states, attention_mask, heads)
+    total, count, _ = relation_error(student_states, teacher_states, attention_mask, heads)
     return total / count.clamp(min=1)
 
 

@@ -409,7 +409,8 @@ def with_cache_index(dataset):
 
 def cached_outputs(batch: dict, num_layers: int) -> ModelOutputs | None:
     """The teacher's outputs carried by a batch of :class:`CachedCollator` (taken out of the batch, in float32, the
-    dtype the uncached teacher computes them in), or None for a batch without them.
+    dtype the cache was computed in; under mixed precision the uncached teacher's matmuls run in half precision, so
+    its targets are rounded more than the cached ones), or None for a batch without them.
 
     Args:
         batch: a batch on the step's device.

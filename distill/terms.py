@@ -125,26 +125,27 @@ class LossTerm:
 def _state_loss(objective, student_states: torch.Tensor, target: torch.Tensor, consume: bool, mask: torch.Tensor,
                 projection) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer pair's hidden-state loss: the MSE (TinyBERT), or with ``hidden_loss == "normalized"`` the squared
-    error over the teacher's variation (computed before the teacher's buffer may be overwritten)."""
+    error over the teacher's variation (computed before the teacher's buffer may be overwritten). Returns (loss,
+    whether any real token's states differ)."""
     variation = teacher_variation(target, mask) if objective.hidden_loss == "normalized" else None
-    total, count = hidden_error(student_states, target, mask, projection, consume_teacher=consume)
-    return total / (count if variation is None else variation).clamp(min=1e-12), total
+    total, count, differ = hidden_error(student_states, target, mask, projection, consume_teacher=consume)
+    return total / (count if variation is None else variation).clamp(min=1e-12), differ
 
 
 def _embedding(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     target, consume = teacher.take("hidden_states", 0)
-    loss, total = _state_loss(objective, student.hidden_states[0], target, consume, batch["attention_mask"],
-                              objective.projection("embedding"))
-    return TermValue(loss, total > 0)
+    loss, differ = _state_loss(objective, student.hidden_states[0], target, consume, batch["attention_mask"],
+                               objective.projection("embedding"))
+    return TermValue(loss, differ)
 
 
 def _hidden(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
     for m, g in enumerate(objective.layer_map, start=1):
         target, consume = teacher.take("hidden_states", g)
-        value, total = _state_loss(objective, student.hidden_states[m], target, consume, batch["attention_mask"],
-                                   objective.projection("hidden"))
-        loss, differ = loss + value, differ | (total > 0)
+        value, layer_differs = _state_loss(objective, student.hidden_states[m], target, consume,
+                                           batch["attention_mask"], objective.projection("hidden"))
+        loss, differ = loss + value, differ | layer_differs
     return TermValue(loss, differ)
 
 
@@ -152,9 +153,9 @@ def _attention(objective, student: ModelOutputs, teacher: TeacherOutputs, batch:
     loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
     for m, g in enumerate(objective.layer_map, start=1):
         target, consume = teacher.take("attentions", g)
-        total, count = attention_error(student.attentions[m - 1], target, batch["attention_mask"],
-                                       consume_teacher=consume)
-        loss, differ = loss + total / count.clamp(min=1), differ | (total > 0)
+        total, count, layer_differs = attention_error(student.attentions[m - 1], target, batch["attention_mask"],
+                                                      consume_teacher=consume)
+        loss, differ = loss + total / count.clamp(min=1), differ | layer_differs
     return TermValue(loss, differ)
 
 
@@ -164,8 +165,8 @@ def _relation(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: 
     mask = batch["attention_mask"]
     loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=mask.device)
     for own, target in zip(student.qkv[last - 1], targets):  # query-query, key-key, value-value relations
-        total, count = relation_error(own, target, mask, objective.relation_heads)
-        loss, differ = loss + total / count.clamp(min=1), differ | (total > 0)
+        total, count, relations_differ = relation_error(own, target, mask, objective.relation_heads)
+        loss, differ = loss + total / count.clamp(min=1), differ | relations_differ
     return TermValue(loss, differ)
 
 

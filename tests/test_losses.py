@@ -181,6 +181,38 @@ def test_squared_error_sum_value_and_gradient_match_plain_autograd(shape, keep_s
         loss.backward()
 
 
+def test_each_error_says_whether_its_inputs_differ_even_when_the_sum_rounds_to_zero():
+    """A difference below ~4e-23 squares to 0 in float32: the sum is 0 though student and teacher differ, which is
+    what the trainer's check of a loss lost to rounding needs to see. Padded positions do not count as differing."""
+    from distill.losses import attention_error, hidden_error, relation_error
+
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    scores = torch.zeros(1, 2, 3, 3)
+    tiny = scores.clone()
+    tiny[0, 1, 0, 1] = 1e-25
+    padded = scores.clone()
+    padded[0, 0, 2, 2] = 5.0  # a padded pair
+    for teacher, differ in ((scores.clone(), False), (tiny, True), (padded, False)):
+        total, count, differs = attention_error(scores.clone(), teacher, mask)
+        assert total.item() == 0.0 and count.item() == 2 * 4 and bool(differs) is differ
+    states = torch.zeros(1, 3, 4)
+    tiny_states = states.clone()
+    tiny_states[0, 1, 2] = -1e-25
+    padded_states = states.clone()
+    padded_states[0, 2] = 7.0
+    for teacher, differ in ((states.clone(), False), (tiny_states, True), (padded_states, False)):
+        total, _, differs = hidden_error(states.clone(), teacher, mask)
+        assert total.item() == 0.0 and bool(differs) is differ
+    torch.manual_seed(0)
+    student = torch.randn(1, 3, 4)
+    total, _, differs = relation_error(student, student.clone(), mask, heads=2)
+    assert total.item() == 0.0 and not differs
+    total, _, differs = relation_error(student, torch.randn(1, 3, 8), mask, heads=2)
+    assert total.item() > 0 and differs
+    _, value = squared_error_sum(torch.zeros(3), torch.tensor([0.0, 1e-25, 0.0]), with_differ=True)
+    assert bool(value) and squared_error_sum(torch.zeros(3), torch.tensor([0.0, 1e-25, 0.0])).item() == 0.0
+
+
 def test_squared_error_sum_refuses_a_teacher_with_gradient():
     with pytest.raises(ValueError, match="detach"):
         squared_error_sum(torch.ones(2), torch.zeros(2, requires_grad=True))
