@@ -81,9 +81,11 @@ def test_soft_cross_entropy_hand_computed():
     assert soft_cross_entropy(teacher, teacher).item() == pytest.approx(entropy, rel=1e-6)
     # Temperature 2 halves the logits: teacher probabilities 1/(1+sqrt 3), sqrt 3/(1+sqrt 3).
     p = 1 / (1 + math.sqrt(3))
-    assert soft_cross_entropy(student, teacher, temperature=2.0).item() == pytest.approx(math.log(2.0), rel=1e-6)
-    squared = prediction_loss(torch.tensor([[1.0, 0.0]]), teacher, 2.0, temperature_squared=True)
+    # A student [1, 0] at T = 2: log probabilities log(e^0.5 / (e^0.5 + 1)), log(1 / (e^0.5 + 1)).
     expected = -(p * math.log(math.exp(0.5) / (math.exp(0.5) + 1)) + (1 - p) * math.log(1 / (math.exp(0.5) + 1)))
+    plain = soft_cross_entropy(torch.tensor([[1.0, 0.0]]), teacher, temperature=2.0)
+    assert plain.item() == pytest.approx(expected, rel=1e-5)
+    squared = prediction_loss(torch.tensor([[1.0, 0.0]]), teacher, 2.0, temperature_squared=True)
     assert squared.item() == pytest.approx(4 * expected, rel=1e-5)
 
 
