@@ -50,7 +50,7 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
 
 
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
-                 step2: dict | None = None, num_unlabelled: int = 0) -> list[str]:
+                 step2: dict | None = None, num_unlabelled: int = 0, num_augmented: int | None = None) -> list[str]:
     """How a student was made, in words for its model card, read from what ran where the stage records say it.
 
     Args:
@@ -61,12 +61,12 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
             teacher are ``copied_layers``.
         num_rows: rows of the distillation training set.
         num_unlabelled: how many of them are unlabelled text (``augment.unlabelled``).
+        num_augmented: how many of them are augmented copies (None: not known, the settings alone are listed).
     """
     teacher = config.teacher
     made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
             f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
-            + (f", the first {teacher.max_train_examples_cpu:,} training examples" if teacher.max_train_examples_cpu
-               else "")
+            + _teacher_examples(teacher, teacher_record)
             + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
     dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
     augment = config.augment
@@ -76,8 +76,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     start = (f"student layers 1..{len(copied)} copied from teacher layers {copied} (distill.layer_map "
              f"{config.distill.layer_map})" if copied else describe_init(config.student, config.distill.layer_map))
     lines = [f"teacher: {made}; dev {dev}",
-             (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}; "
-              f"{num_rows} training rows" if augment.enabled else f"no augmentation; {num_rows} training rows")
+             _augmentation(augment, num_rows, num_augmented)
              + (f", {num_unlabelled} of them sentences of {', '.join(Path(u).name for u in augment.unlabelled)} with no "
                 f"label (the teacher's logits their targets)" if num_unlabelled else ""),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
@@ -91,6 +90,29 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
               else f"intermediate step: {_budget(config.distill.intermediate)}")
              + f"; prediction step: {_budget(config.distill.prediction)}"]
     return lines
+
+
+def _teacher_examples(teacher, record: dict) -> str:
+    """The teacher's fine-tuning set as the stage record counts it (the share a CPU budget leaves, or a smaller
+    training set), for the card; the configured share for records that do not count it."""
+    seen = record.get("num_examples")
+    if seen is None:
+        return f", the first {teacher.max_train_examples_cpu:,} training examples" if teacher.max_train_examples_cpu else ""
+    first = teacher.max_train_examples_cpu is not None and seen <= teacher.max_train_examples_cpu
+    return f", the first {seen:,} training examples" if first else f", {seen:,} training examples"
+
+
+def _augmentation(augment, num_rows: int, num_augmented: int | None) -> str:
+    """The augmentation that ran, in words: its settings and the copies made, or that none was made."""
+    if not augment.enabled:
+        return f"no augmentation; {num_rows} training rows"
+    settings = f"N={augment.num_copies}, p={augment.replace_prob}, K={augment.num_candidates}"
+    if num_augmented is None:
+        return f"augmentation (TinyBERT §3.3): {settings}; {num_rows} training rows"
+    if num_augmented == 0:
+        return (f"no augmented copy made (the training set leaves no room under the augmentation budget); "
+                f"{num_rows} training rows")
+    return f"augmentation (TinyBERT §3.3): {settings}; {num_rows} training rows, {num_augmented} of them augmented copies"
 
 
 def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) -> dict[str, float]:

@@ -191,6 +191,13 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
 UNLABELLED = "unlabelled"
 
 
+def num_augmented(train_data: datasets.Dataset) -> int:
+    """Augmented copies in the distillation set (``is_augmented``; 0 for a set that was not augmented)."""
+    if "is_augmented" not in train_data.column_names:
+        return 0
+    return int(np.sum(np.asarray(train_data["is_augmented"], dtype=bool)))
+
+
 def num_unlabelled(train_data: datasets.Dataset) -> int:
     """Rows of unlabelled text in the distillation set (``source_index`` -1)."""
     if "source_index" not in train_data.column_names:
@@ -654,7 +661,7 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         step2 = json.loads((out / "students" / name / "student" / "stage.json").read_text(encoding="utf-8"))
         general = json.loads((out / "students" / name / "general.json").read_text(encoding="utf-8"))
         recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data), step2,
-                              num_unlabelled=num_unlabelled(train_data))
+                              num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data))
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
                      command=f"python run_distill.py sweep --config {out / 'config.json'}",
@@ -719,7 +726,7 @@ def _pipeline(config: PipelineConfig, device: torch.device, command: str | None)
     general = json.loads((out / "general.json").read_text(encoding="utf-8"))
     step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
     recipe = recipe_lines(config, teacher_record, general, step1, len(train_data), student_record,
-                          num_unlabelled=num_unlabelled(train_data))
+                          num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data))
     publish_stage(config, spec, data, out, report, recipe,
                   command or f"python run_distill.py pipeline --config {out / 'config.json'}")
     return report

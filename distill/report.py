@@ -112,7 +112,8 @@ def timing_key(models: dict[str, str], config: ReportConfig, accelerator: str | 
     settings, the accelerator timed on and the machine (host, CPU count, torch threads and version). Two runs with
     the same key time the same models the same way, so a re-run reuses the stored numbers."""
     return {"models": dict(models), "settings": to_dict(config), "accelerator": accelerator,
-            "machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "num_threads": torch.get_num_threads(),
+            "machine": {"host": platform.node(), "cpu_count": os.cpu_count(),
+                        "num_threads": config.num_threads or torch.get_num_threads(),
                         "torch": torch.__version__}}
 
 
@@ -234,7 +235,7 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         "seq_length": config.seq_length,
         "batch_sizes": config.batch_sizes,
         "num_repeats": config.num_repeats,
-        "num_threads": torch.get_num_threads(),
+        "num_threads": config.num_threads or torch.get_num_threads(),  # what the timing ran at, reused or not
         "torch": torch.__version__,
         "accelerator": accelerator,
         "stage_seconds": stages or {},

@@ -76,7 +76,8 @@ class StageSpec:
 
 # Config fields that name files or folders a stage loads: a local one counts by its bytes (a list field, item by item).
 INPUT_FIELDS = ("task.data_dir", "task.train_file", "task.dev_file", "teacher.model", "teacher.base_model",
-                "mlm.model", "mlm.base_model", "mlm.corpus", "augment.unlabelled", "student.model")
+                "mlm.model", "mlm.base_model", "mlm.corpus", "augment.unlabelled", "augment.word_vectors",
+                "augment.stopwords", "student.model")
 
 
 def _with_contents(values: dict[str, Any], config: Any) -> None:

@@ -117,7 +117,8 @@ def finetune_teacher(
     dev set, as GLUE fine-tuning practice does (the dev metric reported is then the selected model's).
 
     Returns:
-        The stage record: {"run_id", "dev": {metric: value}, "num_train_examples", "steps", "device"}, and with
+        The stage record: {"run_id", "dev": {metric: value}, "num_train_examples" (rows trained on: a QA question's
+        windows count apart), "num_examples" (training examples, before tokenization), "steps", "device"}, and with
         selection {"selection": {"metric", "best_step", "evaluations": [[step, value], ...], "last": value}}.
     """
     tokenizer = load_tokenizer(config.base_model)
@@ -161,7 +162,8 @@ def finetune_teacher(
     check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir), dev_labels(data, spec))
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
     shutil.rmtree(stage_dir / BEST_FOLDER, ignore_errors=True)
-    record = {"dev": metrics, "num_train_examples": len(train_set), "steps": state.step, "device": str(device)}
+    record = {"dev": metrics, "num_train_examples": len(train_set), "num_examples": len(train_examples),
+              "steps": state.step, "device": str(device)}
     if selection is not None:
         record["selection"] = {"metric": spec.metrics[0], "best_step": state.best_step,
                                "evaluations": state.evaluations, "last": state.evaluations[-1][1]}

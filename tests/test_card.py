@@ -204,3 +204,28 @@ def test_the_gold_label_term_is_weighted_with_the_prediction_term_it_is_added_to
     assert prediction_terms({}, 0.0) == {"prediction": 1.0}
     assert prediction_terms({"prediction": 0.5}, 1.0) == {"prediction": 0.5, "hard_label": 0.5}
     assert prediction_terms({"prediction": 0.0}, 1.0) == {"prediction": 0.0}
+
+
+def test_the_card_says_how_many_examples_the_teacher_saw_and_whether_copies_were_made(finished):
+    """The recipe lines read the stage records: the teacher's count (a task cap below its CPU share), the copies
+    actually made (none when the training set fills the row budget), not the configured numbers alone."""
+    from distill.card import recipe_lines
+    from distill.config import with_overrides
+
+    config, out = finished
+    record = json.loads((out / "teacher" / "stage.json").read_text())
+    general = json.loads((out / "general.json").read_text())
+    step1 = json.loads((out / "student_intermediate" / "stage.json").read_text())
+    capped = with_overrides(config, {"teacher.max_train_examples_cpu": 8000})
+    lines = recipe_lines(capped, {**record, "num_examples": 5000}, general, step1, 120, num_augmented=0)
+    assert "the first 5,000 training examples" in lines[0] and "8,000" not in lines[0]
+    assert lines[1] == ("no augmented copy made (the training set leaves no room under the augmentation budget); "
+                        "120 training rows")
+    lines = recipe_lines(config, {**record, "num_examples": 87599}, general, step1, 120, num_augmented=96)
+    assert ", 87,599 training examples" in lines[0] and "the first" not in lines[0]
+    augment = config.augment
+    assert lines[1] == (f"augmentation (TinyBERT §3.3): N={augment.num_copies}, p={augment.replace_prob}, "
+                        f"K={augment.num_candidates}; 120 training rows, 96 of them augmented copies")
+    card = (out / "student" / "README.md").read_text()
+    made = json.loads((out / "augmented" / "stage.json").read_text())["num_augmented"]
+    assert f"{made} of them augmented copies" in card

@@ -105,3 +105,16 @@ def test_a_rerun_reuses_the_timing_of_the_same_models_and_says_so(tmp_path, tiny
     assert run_distill.main([*args, "--set", "report.num_repeats=2"]) == 0
     timed = json.loads((out / "report.json").read_text())
     assert not timed["student"]["timing"]["reused"] and timed["student"]["timing"]["num_repeats"] == 2
+    # Timed at report.num_threads, and reused in a process with another thread count: the report says the count the
+    # timing ran at, not the new process's.
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        assert run_distill.main([*args, "--set", "report.num_threads=1"]) == 0
+        torch.set_num_threads(2)
+        assert run_distill.main([*args, "--set", "report.num_threads=1"]) == 0
+        reused = json.loads((out / "report.json").read_text())
+        assert reused["student"]["timing"]["reused"] and reused["student"]["timing"]["num_threads"] == 1
+    finally:
+        torch.set_num_threads(threads)

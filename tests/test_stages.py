@@ -132,6 +132,34 @@ def test_run_ids_follow_the_declared_fields_and_inputs():
     assert spec.run_id(config, {**inputs, "general": "g2"}) != base
 
 
+def test_local_word_vectors_and_stop_words_count_by_their_bytes(tmp_path):
+    """An edited GloVe or stop-word file re-runs augmentation; the same bytes elsewhere do not; the default names (an
+    installed package, NLTK's list) count by name, so the shipped configs' run ids stay as they were."""
+    config = load_config(None)
+    spec = STAGES["augmented"]
+    default = spec.run_id(config, {"mlm": "m"})
+    vectors, stopwords = tmp_path / "vectors.txt", tmp_path / "stop.txt"
+    vectors.write_text("film 0.1 0.2\nmovie 0.1 0.3\n")
+    stopwords.write_text("the\na\n")
+
+    def run_id(**fields):
+        return spec.run_id(dataclasses.replace(config, augment=dataclasses.replace(config.augment, **fields)),
+                           {"mlm": "m"})
+
+    before = run_id(word_vectors=str(vectors), stopwords=str(stopwords))
+    assert before != default
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    (moved / "v.txt").write_bytes(vectors.read_bytes())
+    (moved / "s.txt").write_bytes(stopwords.read_bytes())
+    assert run_id(word_vectors=str(moved / "v.txt"), stopwords=str(moved / "s.txt")) == before
+    vectors.write_text("film 0.1 0.2\nmovie 0.1 0.4\n")
+    assert run_id(word_vectors=str(vectors), stopwords=str(stopwords)) != before
+    vectors.write_text("film 0.1 0.2\nmovie 0.1 0.3\n")
+    stopwords.write_text("the\nan\n")
+    assert run_id(word_vectors=str(vectors), stopwords=str(stopwords)) != before
+
+
 def test_the_general_stage_is_made_once_and_reused_by_another_output_folder(finished_run):
     """The general-distilled student lives in the cache, keyed by teacher, student shape, corpus and settings: a second
     output folder of the same job (or another task) starts from it without making it again."""
