@@ -114,12 +114,28 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
                           output_names=output_names(model, probe),
                           dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
                           external_data=False, verbose=False)
-    with torch.no_grad():
-        expected = head_logits(model(**probe)).numpy()
-    difference = float(np.abs(head_logits(OnnxClassifier(path)(**probe)).numpy() - expected).max())
+    padded = {name: value.clone() for name, value in probe.items()}
+    if "attention_mask" in padded:  # the second row padded: the graph must mask as the model does, not assume none
+        padded["attention_mask"][1, 10:] = 0
+    session, difference = OnnxClassifier(path), 0.0
+    for inputs in (probe, padded):
+        with torch.no_grad():
+            expected = head_logits(model(**inputs)).numpy()
+        found = head_logits(session(**inputs)).numpy()
+        keep = np.broadcast_to(_real_positions(inputs, expected.shape), expected.shape)
+        difference = max(difference, float(np.abs(found - expected)[keep].max()))
     if difference > 1e-3:
         raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
     return difference
+
+
+def _real_positions(inputs: dict, shape: tuple) -> np.ndarray:
+    """Where logits of shape (B, C) or (B, T, ...) are read: every row, and for per-token logits the real tokens only
+    (a padded position's logits are never read)."""
+    if len(shape) < 3 or "attention_mask" not in inputs:
+        return np.ones((shape[0],) + (1,) * (len(shape) - 1), dtype=bool)
+    mask = inputs["attention_mask"].numpy().astype(bool)
+    return mask.reshape(mask.shape + (1,) * (len(shape) - 2))
 
 
 @contextmanager

@@ -229,3 +229,22 @@ def test_the_card_says_how_many_examples_the_teacher_saw_and_whether_copies_were
     card = (out / "student" / "README.md").read_text()
     made = json.loads((out / "augmented" / "stage.json").read_text())["num_augmented"]
     assert f"{made} of them augmented copies" in card
+
+
+def test_an_onnx_graph_that_ignores_padding_is_refused(tmp_path, monkeypatch):
+    """The export's own check runs a padded probe too: a graph that computed as if every token were real (the trace
+    of an all-ones mask can drop the masking) would give other logits there, and is refused."""
+    import distill.export as export
+    from tests.conftest import tiny_bert
+
+    model = tiny_bert(seed=1, initializer_range=0.5)  # weights large enough for padding to move the logits
+    assert export.export_onnx(model, tmp_path / "model.onnx", max_length=32) < 1e-4
+    real = export.OnnxClassifier
+
+    class MaskBlind(real):
+        def __call__(self, **inputs):
+            return super().__call__(**{**inputs, "attention_mask": torch.ones_like(inputs["attention_mask"])})
+
+    monkeypatch.setattr(export, "OnnxClassifier", MaskBlind)
+    with pytest.raises(RuntimeError, match=r"model.onnx differs from the PyTorch model by"):
+        export.export_onnx(model, tmp_path / "model.onnx", max_length=32)
