@@ -50,7 +50,8 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
 
 
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
-                 step2: dict | None = None, num_unlabelled: int = 0, num_augmented: int | None = None) -> list[str]:
+                 step2: dict | None = None, num_unlabelled: int = 0, num_augmented: int | None = None,
+                 regression: bool = False) -> list[str]:
     """How a student was made, in words for its model card, read from what ran where the stage records say it.
 
     Args:
@@ -62,6 +63,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
         num_rows: rows of the distillation training set.
         num_unlabelled: how many of them are unlabelled text (``augment.unlabelled``).
         num_augmented: how many of them are augmented copies (None: not known, the settings alone are listed).
+        regression: the task is regression, whose prediction loss (MSE) has no temperature.
     """
     teacher = config.teacher
     made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
@@ -85,11 +87,16 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
              ("layer map: none, no layer is matched (logit-only distillation)" if skipped
               else f"layer map (student 0..M -> teacher): {step1.get('layer_map')}"),
              f"loss weights (the terms that ran): {weights}"
-             + (f"; temperature {config.distill.temperature}" if "prediction" in weights else ""),
+             + (_temperature(config.distill) if "prediction" in weights and not regression else ""),
              ("intermediate step: skipped (every intermediate loss weight is 0)" if skipped
               else f"intermediate step: {_budget(config.distill.intermediate)}")
              + f"; prediction step: {_budget(config.distill.prediction)}"]
     return lines
+
+
+def _temperature(distill) -> str:
+    """The prediction loss's temperature as it ran: with T² scaling when asked for (Hinton et al., 2015)."""
+    return f"; temperature {distill.temperature}" + (" (loss × T²)" if distill.temperature_squared else "")
 
 
 def _teacher_examples(teacher, record: dict) -> str:

@@ -661,7 +661,8 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         step2 = json.loads((out / "students" / name / "student" / "stage.json").read_text(encoding="utf-8"))
         general = json.loads((out / "students" / name / "general.json").read_text(encoding="utf-8"))
         recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data), step2,
-                              num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data))
+                              num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
+                              regression=spec.is_regression)
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
                      command=f"python run_distill.py sweep --config {out / 'config.json'}",
@@ -726,7 +727,8 @@ def _pipeline(config: PipelineConfig, device: torch.device, command: str | None)
     general = json.loads((out / "general.json").read_text(encoding="utf-8"))
     step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
     recipe = recipe_lines(config, teacher_record, general, step1, len(train_data), student_record,
-                          num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data))
+                          num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
+                          regression=spec.is_regression)
     publish_stage(config, spec, data, out, report, recipe,
                   command or f"python run_distill.py pipeline --config {out / 'config.json'}")
     return report

@@ -248,3 +248,19 @@ def test_an_onnx_graph_that_ignores_padding_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(export, "OnnxClassifier", MaskBlind)
     with pytest.raises(RuntimeError, match=r"model.onnx differs from the PyTorch model by"):
         export.export_onnx(model, tmp_path / "model.onnx", max_length=32)
+
+
+def test_the_card_gives_the_temperature_as_it_ran_and_none_for_regression(finished):
+    from distill.card import recipe_lines
+    from distill.config import with_overrides
+
+    config, out = finished
+    record = json.loads((out / "teacher" / "stage.json").read_text())
+    general = json.loads((out / "general.json").read_text())
+    step1 = json.loads((out / "student_intermediate" / "stage.json").read_text())
+    step2 = {"weights": {"prediction": 1.0}}
+    squared = with_overrides(config, {"distill.temperature": 2.0, "distill.temperature_squared": True})
+    assert recipe_lines(squared, record, general, step1, 10, step2)[-2].endswith(
+        "'prediction': 1.0}; temperature 2.0 (loss × T²)")
+    assert recipe_lines(config, record, general, step1, 10, step2)[-2].endswith("; temperature 1.0")
+    assert "temperature" not in recipe_lines(squared, record, general, step1, 10, step2, regression=True)[-2]
