@@ -104,7 +104,8 @@ def _teacher_examples(teacher, record: dict) -> str:
     training set), for the card; the configured share for records that do not count it."""
     seen = record.get("num_examples")
     if seen is None:
-        return f", the first {teacher.max_train_examples_cpu:,} training examples" if teacher.max_train_examples_cpu else ""
+        share = teacher.max_train_examples_cpu
+        return f", the first {share:,} training examples" if share else ""
     first = teacher.max_train_examples_cpu is not None and seen <= teacher.max_train_examples_cpu
     return f", the first {seen:,} training examples" if first else f", {seen:,} training examples"
 
@@ -117,9 +118,11 @@ def _augmentation(augment, num_rows: int, num_augmented: int | None) -> str:
     if num_augmented is None:
         return f"augmentation (TinyBERT §3.3): {settings}; {num_rows} training rows"
     if num_augmented == 0:
-        return (f"no augmented copy made (the training set leaves no room under the augmentation budget); "
-                f"{num_rows} training rows")
-    return f"augmentation (TinyBERT §3.3): {settings}; {num_rows} training rows, {num_augmented} of them augmented copies"
+        why = ("augment.num_copies 0" if augment.num_copies == 0
+               else "the training set leaves no room under the augmentation budget")
+        return f"no augmented copy made ({why}); {num_rows} training rows"
+    return (f"augmentation (TinyBERT §3.3): {settings}; {num_rows} training rows, {num_augmented} of them augmented "
+            "copies")
 
 
 def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) -> dict[str, float]:
