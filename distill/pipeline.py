@@ -178,13 +178,12 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                 replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
-    num_augmented = int(np.sum(augmented["is_augmented"]))
     training_set = with_unlabelled(augmented, config, spec, folder, dev)
-    num_unlabelled = len(training_set) - len(augmented)
-    mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": num_augmented,
-                                     "num_unlabelled": num_unlabelled, "device": str(device)})
+    copies, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
+    mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": copies,
+                                     "num_unlabelled": unlabelled, "device": str(device)})
     logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
-                num_augmented, num_unlabelled, len(data["train"]))
+                copies, unlabelled, len(data["train"]))
     return training_set, run_id
 
 
@@ -196,6 +195,14 @@ def num_augmented(train_data: datasets.Dataset) -> int:
     if "is_augmented" not in train_data.column_names:
         return 0
     return int(np.sum(np.asarray(train_data["is_augmented"], dtype=bool)))
+
+
+def _recipe(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, general: dict, step1: dict,
+            train_data: datasets.Dataset, step2: dict) -> list[str]:
+    """The card's recipe lines (:func:`distill.card.recipe_lines`) with the counts read from the distillation set."""
+    return recipe_lines(config, teacher_record, general, step1, len(train_data), step2,
+                        num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
+                        regression=spec.is_regression)
 
 
 def num_unlabelled(train_data: datasets.Dataset) -> int:
@@ -660,9 +667,7 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         step1 = json.loads((out / "students" / name / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
         step2 = json.loads((out / "students" / name / "student" / "stage.json").read_text(encoding="utf-8"))
         general = json.loads((out / "students" / name / "general.json").read_text(encoding="utf-8"))
-        recipe = recipe_lines(student_config, teacher_record, general, step1, len(train_data), step2,
-                              num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
-                              regression=spec.is_regression)
+        recipe = _recipe(student_config, spec, teacher_record, general, step1, train_data, step2)
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
                      command=f"python run_distill.py sweep --config {out / 'config.json'}",
@@ -726,9 +731,7 @@ def _pipeline(config: PipelineConfig, device: torch.device, command: str | None)
                           chance=chance(spec, dev_labels(data, spec)), run=run_record(spec, source, out))
     general = json.loads((out / "general.json").read_text(encoding="utf-8"))
     step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
-    recipe = recipe_lines(config, teacher_record, general, step1, len(train_data), student_record,
-                          num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
-                          regression=spec.is_regression)
+    recipe = _recipe(config, spec, teacher_record, general, step1, train_data, student_record)
     publish_stage(config, spec, data, out, report, recipe,
                   command or f"python run_distill.py pipeline --config {out / 'config.json'}")
     return report
