@@ -109,6 +109,9 @@ class CandidateGenerator:
         self.num_candidates, self.mlm_context = num_candidates, mlm_context
         self.batch_size, self.device = batch_size, device
         self.space_sensitive = self._pieces(" a") != self._pieces("a")  # BPE with a leading-space marker
+        # SentencePiece (XLM-R, CamemBERT, ALBERT) marks every word start with "▁", after a space or not, so a piece
+        # without it is the rest of a word; WordPiece marks continuations instead ("##") and BPE the space (above).
+        self.word_start = "▁" if tokenizer.convert_ids_to_tokens(self._pieces("a"))[0].startswith("▁") else None
         self.special_ids = set(tokenizer.all_special_ids)
         self._piece_cache: dict[tuple[bool, str], int] = {}
         self._decoded: dict[tuple[int, bool], str | None] = {}
@@ -219,7 +222,9 @@ class CandidateGenerator:
         key = (token_id, needs_space)
         if key not in self._decoded:
             text = None if token_id in self.special_ids else self.tokenizer.decode([token_id])
-            if text is None or text.startswith("##") or (needs_space and not text.startswith(" ")):
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            continuation = self.word_start is not None and not piece.startswith(self.word_start)
+            if text is None or continuation or text.startswith("##") or (needs_space and not text.startswith(" ")):
                 self._decoded[key] = None  # a special token or a continuation piece, not a word
             else:
                 text = text.strip()

@@ -31,6 +31,7 @@ from augment.augmenter import CandidateGenerator, sample_copies, sample_word_cop
 from augment.tokens import check_words, is_word_list_feature, word_candidates, word_masks
 from distill.checkpoint import CheckpointError, write_json_atomic
 from distill.config import AugmentConfig, fingerprint, to_dict
+from distill.fingerprints import content_or_name
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ OUTPUT_NEUTRAL = ("batch_size", "num_workers")  # settings that change the speed
 def augment_fingerprint(config: AugmentConfig, *inputs) -> str:
     """Run id of an augmentation: its settings (less the speed-only ones) and whatever identifies its inputs."""
     settings = {k: v for k, v in to_dict(config).items() if k not in OUTPUT_NEUTRAL}
+    for name in ("word_vectors", "stopwords"):  # a local file counts by its bytes
+        settings[name] = content_or_name(settings[name])
     return fingerprint(settings, *inputs)
 
 
@@ -97,7 +100,7 @@ def augment_examples(
             sentences = [check_words(e[c], c, i) for e, i in zip(examples, indices)]
             candidates[c] = word_candidates(generator, sentences, word_masks(examples, indices, c, replaceable))
         else:
-            candidates[c] = generator.candidates([str(e[c]) for e in examples])
+            candidates[c] = generator.candidates(["" if e[c] is None else str(e[c]) for e in examples])
     rows = []
     for j, (example, index) in enumerate(zip(examples, indices)):
         rows.append({**example, "source_index": index, "is_augmented": False})
@@ -120,6 +123,8 @@ def word_list_columns(examples: list[dict], text_columns: tuple[str, ...]) -> tu
 
 
 def _copies(value, candidates: dict, is_word_list: bool, config: AugmentConfig, index: int, column: str) -> list:
+    if value is None:  # a missing text (an empty cell, a pair task's absent second text) stays missing in every copy
+        return [None] * config.num_copies
     rng = example_rng(config.seed, index, column)
     if is_word_list:
         return sample_word_copies(list(value), candidates, config.num_copies, config.replace_prob, rng)

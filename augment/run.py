@@ -23,6 +23,7 @@ from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
 from distill.data import DataError, load_task_data, read_table, require_columns, task_spec
 from distill.device import run_device
+from distill.fingerprints import content_or_name, data_folder_content
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +49,12 @@ def _input(config: PipelineConfig, source: str | None, text_columns: list[str] |
     if source is None:
         spec = task_spec(config.task)
         data = load_task_data(config.task, spec)["train"]
-        return data, tuple(text_columns or spec.text_columns), to_dict(config.task)
+        task = {**to_dict(config.task), "data_dir": data_folder_content(config.task),
+                "train_file": content_or_name(config.task.train_file), "dev_file": content_or_name(config.task.dev_file)}
+        return data, tuple(text_columns or spec.text_columns), task
     data = read_table(source, split)
     columns = tuple(text_columns) if text_columns else default_text_columns(data.column_names, source)
-    return data, columns, {"source": str(Path(source).resolve()) if Path(source).exists() else source, "split": split}
+    return data, columns, {"source": content_or_name(source), "split": split}
 
 
 def run_augment(
@@ -102,7 +105,9 @@ def run_augment(
     if not_text:
         raise DataError(f"{source or config.task.name}: column(s) {not_text} are not text ({data.features[not_text[0]]})")
     out = Path(config.output_dir)
-    inputs = (identity, len(data), data.column_names, columns, config.mlm.model)
+    # Local inputs count by their bytes, as in the pipeline's augmentation stage: an edited table, a masked LM trained
+    # again into the same folder or another vectors file at the same path is a new run, not the old shards.
+    inputs = (identity, len(data), data.column_names, columns, content_or_name(config.mlm.model))
     run_id = augment_fingerprint(config.augment, *inputs, *(() if replaceable is None else (repr(replaceable),)))
     record = stage_done(out, run_id)
     if record is None:

@@ -6,6 +6,7 @@ A YAML file maps onto :class:`PipelineConfig`; an unknown key or a value of the 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -478,21 +479,41 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
-def from_dict(cls: type, data: dict, path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise :class:`ConfigError`."""
+def from_dict(cls: type, data: dict, path: str = "", base: Any = None) -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys and wrong types raise :class:`ConfigError`.
+
+    A field the mapping leaves out keeps its value in ``base`` (an instance of ``cls``), else its default; a section
+    given in part (e.g. ``general: {train: {max_steps: 10}}``) fills the rest from its own default, here
+    ``general.train``'s learning rate 1e-4, not the plain :class:`TrainConfig`'s 5e-5.
+    """
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [key for key in data if key not in names]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [key for key in data if key not in fields]
     if unknown:
         where = f"{path}." if path else ""
         raise ConfigError(
-            f"unknown config key {where}{unknown[0]}; {cls.__name__} accepts: {', '.join(names)}"
+            f"unknown config key {where}{unknown[0]}; {cls.__name__} accepts: {', '.join(fields)}"
         )
-    kwargs = {k: _convert(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
+    kwargs = {} if base is None else {
+        name: copy.deepcopy(getattr(base, name)) for name, f in fields.items() if f.init and name not in data}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else key
+        default = getattr(base, key) if base is not None else _field_default(fields[key])
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]) and isinstance(default, hints[key]):
+            kwargs[key] = from_dict(hints[key], value, where, base=default)
+        else:
+            kwargs[key] = _convert(value, hints[key], where)
     try:
         return cls(**kwargs)
     except ConfigError as error:  # __post_init__ names the field; add where the dataclass sits
         raise ConfigError(f"{path}.{error}" if path else str(error)) from None
+
+
+def _field_default(item: dataclasses.Field) -> Any:
+    """The default value of a dataclass field (a fresh one for a ``default_factory``), None when it has none."""
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return None if item.default is dataclasses.MISSING else item.default
 
 
 def shipped_configs() -> Path:

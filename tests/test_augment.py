@@ -192,6 +192,19 @@ class _Interrupting:
         return self.generator.candidates(texts)
 
 
+def test_a_missing_text_stays_missing_in_every_copy(generator, tmp_path):
+    """An empty cell (None) is not the word "None": copies keep it missing, and a copy that changes nothing else is
+    dropped as a duplicate of the original."""
+    data = datasets.Dataset.from_dict({"sentence1": ["the movie was good", "a boring plot"],
+                                       "sentence2": [None, "not fun"], "label": [1, 0]})
+    config = AugmentConfig(num_copies=6, replace_prob=0.5, seed=3, shard_size=2, batch_size=2)
+    rows = augment_dataset(data, ("sentence1", "sentence2"), generator, config, tmp_path / "a").to_list()
+    first = [r for r in rows if r["source_index"] == 0]
+    assert len(first) > 1 and all(r["sentence2"] is None for r in first)
+    assert len({r["sentence1"] for r in first}) == len(first)  # no copy equal to the original or another copy
+    assert any(r["sentence2"] != "not fun" for r in rows if r["source_index"] == 1)
+
+
 def test_resume_after_an_interruption_gives_the_uninterrupted_output(generator, tmp_path):
     config = AugmentConfig(num_copies=5, replace_prob=0.5, seed=2, shard_size=2, batch_size=1)
     full = augment_dataset(_dataset(), ("sentence1", "sentence2"), generator, config, tmp_path / "full", "run")
@@ -226,6 +239,34 @@ def test_bpe_rule_on_a_tiny_roberta(tiny_roberta_tokenizer, vectors):
     vocab = tiny_roberta_tokenizer.get_vocab()
     for word in ("wonderful", "film"):  # masked-LM candidates: whole words that start with the space marker
         assert words[word] and all("Ġ" + c in vocab and c.isalpha() for c in words[word])
+
+
+def test_sentencepiece_rule_keeps_whole_words_only(vectors):
+    """A SentencePiece vocabulary (XLM-R, CamemBERT, ALBERT) marks word starts ("▁film"), not continuations: "ing"
+    is the rest of a word, and must not replace a whole one however high the masked LM ranks it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaTokenizerFast
+
+    pieces = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "▁the", "▁film", "▁was", "▁wonderful", "▁movie", "▁a",
+              "▁great", "▁show", "▁walk", "ing", "s", "ed", "▁", "wonder"]
+    unigram = Tokenizer(models.Unigram([(p, -float(i)) for i, p in enumerate(pieces)], unk_id=3))
+    unigram.pre_tokenizer, unigram.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tokenizer = XLMRobertaTokenizerFast(tokenizer_object=unigram, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                        pad_token="<pad>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
+    torch.manual_seed(0)
+    model = XLMRobertaForMaskedLM(XLMRobertaConfig(vocab_size=len(pieces), hidden_size=32, num_hidden_layers=1,
+                                                   num_attention_heads=4, intermediate_size=64,
+                                                   max_position_embeddings=70, type_vocab_size=1, pad_token_id=1)).eval()
+    # Every piece is among the K candidates, so what is kept is decided by the rule alone.
+    generator = CandidateGenerator(model, tokenizer, NeighbourCache(vectors, 2), load_stopwords(),
+                                   num_candidates=len(pieces), batch_size=2)
+    assert not generator.space_sensitive and generator.word_start == "▁"
+    text = "the film was a show"
+    (found,) = generator.candidates([text])
+    words = {text[s:e]: set(c) for (s, e), c in found.items()}
+    whole = {"the", "film", "was", "wonderful", "movie", "a", "great", "show", "walk"}
+    assert words["film"] and words["show"] and words["film"] <= whole and words["show"] <= whole
+    assert not {"ing", "s", "ed", "wonder"} & (words["film"] | words["show"])
 
 
 def test_missing_word_vectors_file_is_a_clear_error(tmp_path):

@@ -58,6 +58,12 @@ def test_augment_command_on_a_csv_file(assets):
     assert again.returncode == 0 and "complete; skipping" in again.stderr
     other = _cli(assets, "--seed", "7")
     assert other.returncode == 2 and "holds the output of another run" in other.stderr
+    # The input counts by its bytes: the same file edited in place (same rows, one word) is another run, not the
+    # finished shards of the old text.
+    data = assets / "data.csv"
+    data.write_text(data.read_text().replace("a boring film", "a boring play"))
+    edited = _cli(assets)
+    assert edited.returncode == 2 and "holds the output of another run" in edited.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def test_default_config_cuts_the_student_from_the_teacher_and_augments_by_the_pa
         ("student:\n  init: pca\n", "student.init: must be random, teacher_embeddings or teacher"),
         ("- a\n- b\n", "must be a YAML mapping"),
         ("general:\n  weights: {prediction: 1}\n", "general.weights.prediction: unknown loss term"),
-        ("general:\n  streaming: true\n  train: {num_epochs: 1}\n", "general.train.max_steps: must be set when streaming"),
+        ("general:\n  streaming: true\n  train: {num_epochs: 1, max_steps: null}\n",
+         "general.train.max_steps: must be set when streaming"),
         ("general:\n  student: {init: pca}\n", "general.student.init: must be"),
     ],
 )
@@ -69,6 +71,26 @@ def test_set_flags_override_any_field_with_yaml_values():
         set_overrides(["student.init"])
     with pytest.raises(ConfigError, match="student.init.x: init is not a section"):
         load_config(ROOT / "configs" / "sst2_minilm.yaml", {"student.init.x": 1})
+
+
+def test_a_section_given_in_part_keeps_its_own_defaults_for_the_rest(tmp_path):
+    """``--max-steps`` of ``distill --stage general`` is the override ``general.train.max_steps``: the general stage's
+    other settings stay its own (learning rate 1e-4, the student from the teacher's embeddings), not those of a plain
+    TrainConfig or StudentConfig; the same for a YAML section written in part."""
+    defaults = PipelineConfig()
+    config = load_config(None, {"general.train.max_steps": 10, "general.student.preset": "tinybert-4l-312",
+                                "distill.prediction.num_epochs": 2, "mlm.train.batch_size": 8})
+    assert config.general.train.max_steps == 10 and config.general.student.preset == "tinybert-4l-312"
+    assert config.general.train.learning_rate == defaults.general.train.learning_rate == 1e-4
+    assert config.general.student.init == defaults.general.student.init == "teacher_embeddings"
+    assert config.distill.prediction.learning_rate == defaults.distill.prediction.learning_rate == 3e-5
+    assert config.mlm.train.max_steps == defaults.mlm.train.max_steps == 400
+    written = tmp_path / "mine.yaml"
+    written.write_text("general:\n  train: {max_steps: 10}\n", encoding="utf-8")
+    assert load_config(written).general.train == dataclasses.replace(defaults.general.train, max_steps=10)
+    # Every field left out is the section's default; a field given replaces it (a mapping field as a whole).
+    assert load_config(None, {"distill.weights": {"relation": 1.0}}).distill == dataclasses.replace(
+        defaults.distill, weights={"relation": 1.0})
 
 
 def test_augment_flags_come_from_the_config_fields_and_their_help(capsys):
