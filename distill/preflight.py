@@ -121,6 +121,11 @@ def check_student_fits_teacher(config: PipelineConfig, teacher: PretrainedConfig
             raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size "
                               f"({teacher.hidden_size}), the student has {hidden}; use init teacher_embeddings or "
                               "random")
+        if heads != teacher.num_attention_heads:
+            raise ConfigError(f"student.init: 'teacher' copies teacher layers and needs the teacher's "
+                              f"num_attention_heads ({teacher.num_attention_heads}), the student has {heads} (the same "
+                              "weights split into other heads compute another function); use init teacher_embeddings "
+                              "or random")
         try:  # distill.layer_map picks the layers copied, also for logit-only distillation
             build_layer_map(config.distill.layer_map, teacher.num_hidden_layers, layers)
         except ValueError as error:

@@ -46,8 +46,9 @@ FIELD_NAMES = {"distilbert": {"intermediate_size": "hidden_dim"}}
 # relative position bias in its own eager attention). A student cut from the teacher's layers (init teacher) is of
 # the teacher's family, whose layers it copies.
 STUDENT_FAMILY = {"mpnet": "bert"}
-# Position ids of RoBERTa-style families start after the padding index (padding_idx + 1 = 2); BERT's start at 0.
-POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2}
+# Families whose position ids start after the padding index (padding_idx + 1: 2 with their own vocabularies); BERT's
+# start at 0.
+POSITION_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
 SHARED_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id", "layer_norm_eps",
                  "hidden_act", "num_labels", "id2label", "label2id", "problem_type")
 
@@ -168,6 +169,13 @@ def head_class(teacher: PreTrainedModel) -> type:
     return kind.model_class(None)
 
 
+def first_position(config: PretrainedConfig) -> int:
+    """The position id of a sequence's first token: ``pad_token_id + 1`` in RoBERTa-style families, else 0."""
+    if config.model_type in POSITION_AFTER_PADDING:
+        return (config.pad_token_id if config.pad_token_id is not None else 1) + 1
+    return 0
+
+
 def config_value(config: PretrainedConfig, key: str):
     """A BERT-named config field of any family (``intermediate_size`` is DistilBERT's ``hidden_dim``)."""
     return getattr(config, FIELD_NAMES.get(config.model_type, {}).get(key, key), None)
@@ -199,7 +207,7 @@ def init_embeddings_from_teacher(student: PreTrainedModel, teacher: PreTrainedMo
     if h_s > h_t:
         raise ValueError(f"student.init 'teacher_embeddings' needs an embedding width <= the teacher's ({h_t}), "
                          f"got {h_s}")
-    basis = principal_basis(source.weight, h_s) if h_s < h_t else torch.eye(h_t)
+    basis = principal_basis(source.weight, h_s) if h_s < h_t else torch.eye(h_t, device=source.weight.device)
     target.weight.copy_(source.weight.float() @ basis)
     source_tables = dict(teacher.base_model.embeddings.named_children())
     for name, module in student.base_model.embeddings.named_children():
@@ -209,10 +217,13 @@ def init_embeddings_from_teacher(student: PreTrainedModel, teacher: PreTrainedMo
         if name == "position_embeddings":
             # Position p of the student is position p + offset of the teacher (an MPNet or RoBERTa teacher counts
             # from padding_idx + 1, a BERT student from 0); rows the teacher lacks stay random.
-            offset = POSITION_OFFSET.get(teacher.config.model_type, 0) - POSITION_OFFSET.get(student.config.model_type, 0)
-            rows = min(module.weight.shape[0], teacher_table.shape[0] - offset) if offset >= 0 else 0
-            if rows > 0 and offset != 0:
-                module.weight[:rows].copy_(teacher_table[offset : offset + rows].float() @ basis)
+            offset = first_position(teacher.config) - first_position(student.config)
+            if offset != 0:
+                source_start, target_start = max(offset, 0), max(-offset, 0)
+                rows = min(module.weight.shape[0] - target_start, teacher_table.shape[0] - source_start)
+                if rows > 0:
+                    module.weight[target_start : target_start + rows].copy_(
+                        teacher_table[source_start : source_start + rows].float() @ basis)
                 continue
         if teacher_table.shape[0] == module.weight.shape[0]:
             module.weight.copy_(teacher_table.float() @ basis)
@@ -232,14 +243,16 @@ def init_from_teacher(student: PreTrainedModel, teacher: PreTrainedModel, layer_
     Works between classifiers and bare encoders in any combination (names are matched relative to the encoder).
 
     Raises:
-        ValueError: the hidden or FFN sizes differ, so weights cannot be copied.
+        ValueError: the families, hidden or FFN sizes, head counts or (ALBERT) embedding sizes differ, so the
+            copied weights would not compute the teacher's layers.
     """
     if student.config.model_type != teacher.config.model_type:
         raise ValueError(
             f"student.init 'teacher' copies layers between models of one family; the student is "
             f"{student.config.model_type}, the teacher {teacher.config.model_type}. Use init teacher_embeddings or random"
         )
-    for key in ("hidden_size", "intermediate_size"):
+    # The head count too: the same Q/K/V weights split into other heads compute another function.
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "embedding_size"):
         if config_value(student.config, key) != config_value(teacher.config, key):
             raise ValueError(
                 f"student.init 'teacher' needs the teacher's {key} ({config_value(teacher.config, key)}), the student "

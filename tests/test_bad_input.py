@@ -112,6 +112,10 @@ def tiny_teacher_dir(tmp_path, tiny_tokenizer):
     (["student.init=teacher", "student.preset=null", "student.num_hidden_layers=2", "student.hidden_size=16",
       "student.intermediate_size=32", "student.num_attention_heads=2"],
      r"student.init: 'teacher' copies teacher layers and needs the teacher's hidden_size \(32\), the student has 16"),
+    (["student.init=teacher", "student.preset=null", "student.num_hidden_layers=2", "student.hidden_size=32",
+      "student.intermediate_size=64", "student.num_attention_heads=2"],
+     r"student.init: 'teacher' copies teacher layers and needs the teacher's num_attention_heads \(4\), the student "
+     r"has 2"),
     (["distill.layer_map=[1, 3]", "student.preset=null", "student.num_hidden_layers=2", "student.hidden_size=16",
       "student.intermediate_size=32", "student.num_attention_heads=2"],
      r"layer_map entries \[3\] are outside the teacher's layers 1..2"),

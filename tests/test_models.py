@@ -4,11 +4,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from transformers import BertForMaskedLM, BertModel, BertTokenizer
 
 from distill.data import ASSETS, GLUE_TASKS, get_task, read_glue_tsv
 from distill.evaluate import compute_metrics
 from students import build_student, student_shape
+from students.build import init_embeddings_from_teacher
 from distill.config import StudentConfig
 from teachers import ModelError, check_same_vocabulary, check_teacher_quality, load_masked_lm, load_teacher
 from teachers.finetune import chance_level
@@ -176,6 +178,30 @@ def test_student_presets_and_teacher_init():
     with pytest.raises(ValueError, match="needs the teacher's hidden_size"):
         build_student(teacher, StudentConfig(preset=None, num_hidden_layers=1, hidden_size=16, intermediate_size=64,
                                              num_attention_heads=4, init="teacher"), [2])
+    # Same sizes, other heads: the copied Q/K/V split into 2 heads would not compute the teacher's layer.
+    with pytest.raises(ValueError, match="needs the teacher's num_attention_heads"):
+        build_student(teacher, StudentConfig(preset=None, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                                             num_attention_heads=2, init="teacher"), [2])
+
+
+def test_teacher_embeddings_align_positions_between_families_that_count_them_differently():
+    """A RoBERTa-style family's first token has position id pad_token_id + 1, BERT's 0: position p of one is
+    position p + 2 of the other, in either direction; equal widths copy the tables as they are."""
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                 max_position_embeddings=20, type_vocab_size=1)
+    bert, roberta = BertModel(BertConfig(**sizes, pad_token_id=0)), RobertaModel(RobertaConfig(**sizes, pad_token_id=1))
+    for teacher, student, shift in [(roberta, BertModel(BertConfig(**sizes, pad_token_id=0)), 2),
+                                    (bert, RobertaModel(RobertaConfig(**sizes, pad_token_id=1)), -2)]:
+        untouched = student.embeddings.position_embeddings.weight.detach().clone()
+        init_embeddings_from_teacher(student, teacher)
+        mine, theirs = student.embeddings.position_embeddings.weight, teacher.embeddings.position_embeddings.weight
+        if shift > 0:  # the BERT student's position p is the RoBERTa teacher's p + 2; its last 2 rows have no source
+            assert torch.equal(mine[:18], theirs[2:]) and torch.equal(mine[18:], untouched[18:])
+        else:  # the RoBERTa student's p + 2 is the BERT teacher's p; its first 2 rows (padding) have no source
+            assert torch.equal(mine[2:], theirs[:18]) and torch.equal(mine[:2], untouched[:2])
 
 
 def test_the_teacher_half_preset_is_the_teachers_width_at_half_its_depth():
