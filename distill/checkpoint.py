@@ -112,7 +112,7 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in sorted(directory.glob("step-*"))[:-keep]:
+    for old in _by_step(directory.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -154,7 +154,16 @@ def checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoint folders in ``directory``, oldest first."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.glob("step-*") if p.is_dir())
+    return _by_step(p for p in directory.glob("step-*") if p.is_dir())
+
+
+def _by_step(paths) -> list[Path]:
+    """``step-*`` checkpoint folders in step order (by number: step-1000000 after step-999000, which names do not
+    sort as text once the step outgrows its six digits)."""
+    def step(path: Path) -> tuple[int, str]:
+        number = path.name.split("-", 1)[1]
+        return (int(number), path.name) if number.isdigit() else (-1, path.name)
+    return sorted(paths, key=step)
 
 
 def load_checkpoint(

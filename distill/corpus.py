@@ -162,7 +162,7 @@ def _packed(loaded, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, str
     )
 
 
-def corpus_fingerprint(sources: list[str], tokenizer_name: str, max_seq_length: int) -> str:
+def corpus_fingerprint(sources: list[str], tokenizer_name: str, max_seq_length: int, column: str = "text") -> str:
     """Identity of a packed corpus, for the general stage's run id and cache.
 
     A file counts by the SHA-256 of its bytes, so a copy, a new download or a move of the same file keeps the id (a
@@ -173,11 +173,13 @@ def corpus_fingerprint(sources: list[str], tokenizer_name: str, max_seq_length: 
         sources: :func:`corpus_sources`' entries, in order.
         tokenizer_name: the tokenizer that packs the corpus (the teacher's name or folder).
         max_seq_length: tokens per packed sequence.
+        column: the text column of a hub dataset (counted when not the default "text", so ids made before it counted
+            stay the same).
 
     Returns:
         16 hex digits.
     """
-    parts = [tokenizer_name, str(max_seq_length)]
+    parts = [tokenizer_name, str(max_seq_length), *([] if column == "text" else [f"column:{column}"])]
     for source in sources:
         path = Path(source)
         if path.is_file():

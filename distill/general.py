@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
 
 from distill.card import encoder_card
-from distill.checkpoint import mark_stage_done, stage_done
+from distill.checkpoint import mark_stage_done, mark_stage_started, stage_done
 from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.data import collator
@@ -79,7 +79,7 @@ def general_run_id(config: GeneralConfig) -> tuple[str, str]:
     two different teachers saved at the same path (``runs/teacher`` of two projects) get two cache entries, and a copy
     of the same teacher elsewhere finds the entry again; a hub name or ``minilm`` counts by its name."""
     teacher = content_or_name(config.teacher)
-    corpus = corpus_fingerprint(corpus_sources(config.corpus), teacher, config.max_seq_length)
+    corpus = corpus_fingerprint(corpus_sources(config.corpus), teacher, config.max_seq_length, config.corpus_column)
     settings = {k: v for k, v in to_dict(config).items() if k not in NOT_IN_RUN_ID}
     settings["teacher"] = teacher
     return fingerprint(settings, corpus), corpus
@@ -97,11 +97,16 @@ def cache_folder(config: GeneralConfig, run_id: str) -> Path:
 
 
 @contextmanager
-def exclusive(folder: Path):
+def exclusive(folder: Path, enabled: bool = True):
     """Hold an exclusive lock on ``folder`` (a ``.lock`` file beside it) while the block runs: two pipelines that
-    need the same general stage make it once, the second waits and then reuses it."""
+    need the same general stage make it once, the second waits and then reuses it. ``enabled`` False: no lock (the
+    other processes of one `accelerate launch` job, whose main process holds it for them: each process's own lock
+    would wait for the main one, which waits for them inside the stage)."""
     import fcntl
 
+    if not enabled:
+        yield
+        return
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.with_name(folder.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -132,17 +137,23 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         logger.info("general distillation: done (%d steps), skipping", record["steps"])
         return record
     start = time.perf_counter()
+    teacher_config = load_model_config(config.teacher)
     try:
-        shape = student_shape(config.student, load_model_config(config.teacher))
+        shape = student_shape(config.student, teacher_config)
     except ValueError as error:
         raise ConfigError(f"general.student: {error}") from None
+    try:  # before the teacher is loaded and the corpus packed
+        layer_map = build_layer_map(config.layer_map, teacher_config.num_hidden_layers, shape["num_hidden_layers"])
+    except ValueError as error:
+        raise ConfigError(f"general.layer_map: {error}") from None
     tokenizer = load_tokenizer(config.teacher)
     teacher = load_encoder(config.teacher)
     processes = PartialState()  # under `accelerate launch`: one process packs and saves, the others wait and read
+    if processes.is_main_process:
+        mark_stage_started(out)  # its record's seconds count from here, "resumed" when an earlier process began it
     with processes.main_process_first():
         corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
                                     cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
-    layer_map = build_layer_map(config.layer_map, teacher.config.num_hidden_layers, shape["num_hidden_layers"])
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
     objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,
@@ -163,19 +174,20 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
         encoder_card(name=out.name, teacher=config.teacher, corpus=config.corpus, recipe=recipe,
                      command=f"python run_distill.py distill --stage general --teacher {config.teacher} --corpus "
                              f"{' '.join(config.corpus)} --max-steps {state.step}").save(out / "README.md")
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
     processes.wait_for_everyone()
     log = [json.loads(line) for line in (out / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
     final = {k: v for k, v in log[-1].items() if k.startswith("loss")} if log else {}
     record = {
         "teacher": config.teacher, "corpus": config.corpus, "layer_map": [0, *layer_map], "steps": state.step,
-        "samples": state.samples, "seconds": round(time.perf_counter() - start, 1), "final": final,
-        "device": str(device),
+        "samples": state.samples, "final": final, "device": str(device),
     }
     if processes.is_main_process:
-        mark_stage_done(out, run_id, record)
+        record = mark_stage_done(out, run_id, record)  # adds seconds (from mark_stage_started) and resumed
+        # Only now: a kill before the marker finds the checkpoints and resumes instead of starting again.
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
     processes.wait_for_everyone()
-    return {"run_id": run_id, **record}
+    record.setdefault("seconds", round(time.perf_counter() - start, 1))  # other processes: their own wall time
+    return {**record, "run_id": run_id}
 
 
 def save_projections(objective: DistillationObjective, folder: Path) -> None:

@@ -269,12 +269,16 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
     general = general_config(config)
     run_id, _ = general_run_id(general)
     folder = cache_folder(general, run_id)
-    with exclusive(folder):
-        if finished_or_superseded(folder, run_id) is None:
+    processes = PartialState()
+    with exclusive(folder, enabled=processes.is_main_process):
+        processes.wait_for_everyone()  # the job's other processes go on once its main process holds the lock
+        if processes.is_main_process and finished_or_superseded(folder, run_id) is None:
             _banner("general distillation (cached for reuse)", folder)
+        processes.wait_for_everyone()
         record = run_general_distillation(general, folder, device=device)
     reference = {"run_id": record["run_id"], "folder": str(folder), "teacher": general.teacher,
-                 "corpus": general.corpus, "steps": record["steps"], "seconds": record["seconds"]}
+                 "corpus": general.corpus, "steps": record["steps"], "seconds": record["seconds"],
+                 "resumed": bool(record.get("resumed", False))}
     write_json_atomic(out / "general.json", reference)
     return reference
 

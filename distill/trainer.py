@@ -2,7 +2,7 @@
 
 It runs through `accelerate` (CPU, one GPU, or several processes under ``accelerate launch``), checkpoints every
 ``save_steps`` optimizer steps and at the end, and resumes exactly: model, projections, optimizer, scheduler, RNG
-states and the data position are restored, so on CPU an interrupted and resumed run ends with the same weights as an
+states, the data position and (fp16) the loss scale are restored, so on CPU an interrupted and resumed run ends with the same weights as an
 uninterrupted one.
 
 Data is either an indexable dataset (shuffled per epoch by a seeded sampler; the position is epoch and batch) or a
@@ -46,6 +46,7 @@ from distill.checkpoint import (
     save_checkpoint,
     save_file_atomic,
     untie,
+    write_atomic,
 )
 from distill.config import ConfigError, TrainConfig
 
@@ -316,6 +317,8 @@ def train(
         state = TrainState(**saved["state"])
         _set_rng_state(saved["rng"])
         data.resume(saved["extra"].get("data_state"), checkpoint)
+        if accelerator.scaler is not None and "scaler" in saved["extra"]:
+            accelerator.scaler.load_state_dict(saved["extra"]["scaler"])
         logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, state.step, steps)
         _truncate_log(output_dir / "log.jsonl", state.step)
     if state.step < steps:
@@ -373,6 +376,8 @@ class _Run:
 
     def checkpoint(self) -> Path:
         extra = {"data_state": self.data.position(self.accelerator)}
+        if self.accelerator.scaler is not None:  # fp16: the loss scale it has reached, or a resume starts it anew
+            extra["scaler"] = self.accelerator.scaler.state_dict()
         path = self.output_dir / "checkpoints" / f"step-{self.state.step:06d}"
         if self.accelerator.is_main_process:
             save_checkpoint(self.output_dir / "checkpoints", self.run_id, self.objective.trainable, self.optimizer,
@@ -637,12 +642,19 @@ class _Batches:
 
 
 def _truncate_log(path: Path, step: int) -> None:
-    """Drop log lines written after the checkpoint we resume from (they will be written again)."""
+    """Drop log lines written after the checkpoint we resume from (they will be written again), and a last line cut
+    short by a full disk or a kill, which would otherwise stop the resume it is meant to allow."""
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and record.get("step", step + 1) <= step:
+            kept.append(line)
+    write_atomic(path, lambda handle: handle.write("".join(line + "\n" for line in kept)), mode="w")
 
 
 def check_interval(device: torch.device, config: TrainConfig) -> int:

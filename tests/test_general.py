@@ -102,6 +102,9 @@ def test_the_general_run_id_follows_the_corpus_text_not_its_path_or_file_times(t
     # A hub dataset counts by its name (nothing is downloaded to name it).
     hub = [general_run_id(GeneralConfig(teacher="minilm", corpus=[name]))[0] for name in ("wikitext:a", "wikitext:b")]
     assert hub[0] != hub[1]
+    # A hub corpus's text column decides the packed text (its default leaves the ids as they were).
+    column = general_run_id(GeneralConfig(teacher="minilm", corpus=["wikitext:a"], corpus_column="content"))
+    assert column[1] != general_run_id(GeneralConfig(teacher="minilm", corpus=["wikitext:a"]))[1]
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +139,7 @@ def test_general_distillation_learns_and_saves_a_student_encoder(general_run):
     out = root / "run" / "general"
     record = json.loads((out / "stage.json").read_text())
     assert record["steps"] == 12 and record["layer_map"] == [0, 1, 2]
+    assert record["seconds"] > 0 and record["resumed"] is False
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [entry["step"] for entry in log] == list(range(1, 13))
     assert "loss/prediction" not in log[0]  # no prediction term in general distillation
@@ -178,3 +182,32 @@ def test_rerun_of_a_finished_general_distillation_is_skipped_and_another_config_
                             timeout=300, cwd=root)
     assert result.returncode == 2 and "another run" in result.stderr
     assert (root / "run" / "general" / "model.safetensors").stat().st_mtime_ns == before
+    # A layer map that does not fit the student is a one-line error naming the field, before any work.
+    other = [*command[:command.index("--output-dir")], "--output-dir", str(root / "other"),
+             *command[command.index("--output-dir") + 2:], "--set", "general.layer_map=[1]"]
+    result = subprocess.run(other, capture_output=True, text=True, timeout=300, cwd=root)
+    assert result.returncode == 2 and "error: general.layer_map: " in result.stderr
+    assert "Traceback" not in result.stderr and not (root / "other" / "general" / "corpus").exists()
+
+
+def test_the_cache_lock_is_taken_by_the_main_process_only(tmp_path):
+    """Under `accelerate launch` the job's main process holds the general stage's lock for all of its processes: a
+    second process's own lock would wait for the main one, which waits for it inside the stage (a deadlock)."""
+    import fcntl
+    import threading
+
+    from distill.general import exclusive
+
+    folder = tmp_path / "cache" / "minilm-4l312-x"
+    entered = threading.Event()
+    with exclusive(folder):  # the main process holds the lock
+        def other_process():
+            with exclusive(folder, enabled=False):
+                entered.set()
+        thread = threading.Thread(target=other_process)
+        thread.start()
+        thread.join(timeout=10)
+        assert entered.is_set()
+        with open(folder.with_name(folder.name + ".lock"), "w") as handle:  # and it is held: a second taker waits
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

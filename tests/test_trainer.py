@@ -151,7 +151,7 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, t
 
     import distill.checkpoint as checkpoint
 
-    config = TrainConfig(max_steps=4, batch_size=4, save_steps=1)
+    config = TrainConfig(max_steps=4, batch_size=4, save_steps=1, log_steps=1)
     calls = {"n": 0}
     real_save = checkpoint.save_file
 
@@ -167,8 +167,28 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, t
         train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000001", "step-000002"]  # no .tmp
     monkeypatch.setattr(checkpoint, "save_file", real_save)
+    log = tmp_path / "log.jsonl"
+    with log.open("a", encoding="utf-8") as handle:  # the full disk also cut the log's last line short
+        handle.write('{"step": 3, "loss')
     state = train(ModelLossObjective(tiny_bert()), _data(), _Pad(tiny_tokenizer), config, tmp_path, "run")
     assert state.step == 4
+    assert [json.loads(line)["step"] for line in log.read_text(encoding="utf-8").splitlines()] == [1, 2, 3, 4]
+
+
+def test_checkpoints_are_kept_and_found_in_step_order_past_six_digits(tmp_path):
+    """step-1000000 is newer than step-999000 though it sorts before it as text: the newest is resumed from and
+    kept, the oldest pruned."""
+    from distill.checkpoint import latest_checkpoint, save_checkpoint
+    from distill.trainer import TrainState
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    folder = tmp_path / "checkpoints"
+    for step in (998000, 999000, 1000000):
+        save_checkpoint(folder, "run", model, optimizer, scheduler, TrainState(step=step), rng={})
+    assert sorted(p.name for p in folder.iterdir()) == ["step-1000000", "step-999000"]
+    assert latest_checkpoint(folder).name == "step-1000000"
 
 
 def _sigterm_in_step(step: int):
@@ -301,6 +321,37 @@ def test_fp16_loss_scaling_skips_a_step_whose_gradients_overflowed(tmp_path, tin
     assert all(bool(torch.isfinite(after[k]).all()) for k in after)
     # The forward ran in fp16 (autocast): the same loss as fp32 up to rounding, but not the same.
     assert logs[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=0.05) and logs[0]["loss"] != fp32[0]["loss"]
+
+
+def test_fp16_resume_restores_the_loss_scale(tmp_path, tiny_tokenizer):
+    """The gradient scaler's state is part of the checkpoint: a resumed fp16 run goes on with the scale it had, not
+    the initial one (which would skip steps while it came back down). A scale that grows every step makes the
+    difference visible: 1024 doubled four times."""
+    from accelerate import Accelerator
+
+    from distill.trainer import TrainingInterrupted, _allow_new_mixed_precision
+
+    def fp16_accelerator():
+        _allow_new_mixed_precision("fp16")
+        accelerator = Accelerator(mixed_precision="fp16")
+        if accelerator.scaler is None:  # a CPU, where accelerate sets up no scaler
+            accelerator.native_amp = True
+            accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+        return accelerator
+
+    config = TrainConfig(max_steps=4, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=5,
+                         mixed_precision="fp16")
+    whole = fp16_accelerator()
+    train(_distill_objective(), _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run", accelerator=whole)
+    if whole.scaler.get_scale() != 1024.0 * 2**4:
+        pytest.skip("this accelerate set up its own scaler (a GPU): the growth schedule differs")
+    with pytest.raises(TrainingInterrupted):
+        train(_sigterm_in_step(2), _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run",
+              accelerator=fp16_accelerator())
+    resumed = fp16_accelerator()
+    assert train(_distill_objective(), _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run",
+                 accelerator=resumed).step == 4
+    assert resumed.scaler.get_scale() == whole.scaler.get_scale()
 
 
 def test_bf16_mixed_precision_runs_the_step_in_bf16(tmp_path, tiny_tokenizer):
