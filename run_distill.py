@@ -2,7 +2,7 @@
 
     python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
                                      [--student DIR]
-    python run_distill.py seeds      [--seeds 42 43 44] [pipeline's flags but --push-to-hub]
+    python run_distill.py seeds      [--seeds 42 43 44] [pipeline's flags but --push-to-hub and --dry-run]
     python run_distill.py distill --stage general [--teacher ENCODER] [--corpus FILE|HUB ...] [--max-steps N]
                                      [--streaming] [--output-dir DIR]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
@@ -319,7 +319,8 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
             return 128 + error.signal_number
         print("interrupted: finished stages, checkpoints and augmentation shards are kept; re-run the same command to "
               "resume", file=sys.stderr)
-        return 130
+        # Ctrl-C: 128 + SIGINT, as a shell reports it; SIGTERM outside a training loop (_interrupt): 128 + SIGTERM.
+        return 128 + (signal.SIGTERM if error.args == (signal.SIGTERM.name,) else signal.SIGINT)
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

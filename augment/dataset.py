@@ -192,13 +192,16 @@ def augment_dataset(
     run_id: str | None = None,
     replaceable: Callable[[dict], list[bool]] | None = None,
 ) -> datasets.Dataset:
-    """Augment ``dataset`` (the first ``config.max_examples`` examples; the rest are kept as they are) into shards
+    """Augment ``dataset`` (the first :func:`examples_to_augment` examples, as ``config.max_examples``,
+    ``max_rows`` and ``max_mlm_words`` allow; the rest are kept as they are) into shards
     (TinyBERT, Jiao et al., 2020, §3.3, Algorithm 1; see :func:`augment_examples`).
 
     Shards of ``config.shard_size`` source examples are written atomically; a re-run skips complete shards, so a
     killed run continues where it stopped. With ``config.num_workers`` > 1, shards are spread over that many
     processes, each building its own generator; the output is the same for any worker count or batch size because
-    every example draws from its own RNG (:func:`example_rng`).
+    every example draws from its own RNG (:func:`example_rng`), up to float rounding: a masked LM's two candidates
+    whose logits tie to the last bit may rank in another order in another batch (padding, kernels), which changes
+    the candidate drawn; not seen on this project's runs, but possible.
 
     Args:
         dataset: input rows with the text column(s) and any others (label, ...).

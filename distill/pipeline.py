@@ -36,6 +36,7 @@ from augment import (
     load_shards,
     save_dataset,
 )
+from augment.dataset import masked_lm_words
 from distill.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
 from distill.checkpoint import (
     finished_or_superseded,
@@ -163,10 +164,14 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     # names the masked LM the config asks for, so that the plan, which reads no data, gives the same one.
     copies = config.augment.num_copies > 0 and examples_to_augment(
         len(data["train"]), dataclasses.replace(config.augment, max_mlm_words=None)) > 0
+    if copies and config.augment.max_mlm_words is not None:  # the first example's masked-LM work alone exceeds it
+        copies = masked_lm_words(data["train"][0], spec.text_columns, config.augment.mlm_context) <= \
+            config.augment.max_mlm_words
     if config.augment.num_copies > 0 and not copies:
         logger.info("augmentation: the %d training examples leave no room for copies (augment.max_rows %s, "
-                    "augment.max_examples %s); every example is kept as it is and no masked LM is adapted",
-                    len(data["train"]), config.augment.max_rows, config.augment.max_examples)
+                    "augment.max_examples %s, augment.max_mlm_words %s); every example is kept as it is and no masked "
+                    "LM is adapted", len(data["train"]), config.augment.max_rows, config.augment.max_examples,
+                    config.augment.max_mlm_words)
     mlm, mlm_id = mlm_stage(config, out, device=device) if copies else (None, mlm_run_id(config))
     folder = out / "augmented"
     run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_id})

@@ -172,6 +172,25 @@ def test_a_pair_or_regression_task_without_a_config_gets_the_pair_recipe(monkeyp
     assert said == pair
 
 
+@pytest.mark.parametrize("how, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_stop_outside_a_training_loop_exits_with_its_signals_code(monkeypatch, capsys, how, code):
+    """SIGTERM while no training loop runs (loading data, augmenting) exits 128 + 15 as inside one; Ctrl-C 128 + 2."""
+    import os
+    import signal
+
+    import run_distill
+
+    def stopped(config, args):
+        if how == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)  # main's handler turns it into KeyboardInterrupt("SIGTERM")
+        raise KeyboardInterrupt()
+
+    monkeypatch.setitem(run_distill.COMMANDS, "pipeline", stopped)
+    monkeypatch.setattr(run_distill, "_setup_logging", lambda output_dir: None)
+    assert run_distill.main(["pipeline", "--task", "sst2"]) == code
+    assert "interrupted: finished stages, checkpoints and augmentation shards are kept" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
 def test_every_shipped_config_loads_and_its_student_fits_its_teacher(path):
     from distill.preflight import check_student_fits_teacher

@@ -221,3 +221,23 @@ def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tok
     some = dataclasses.replace(config, augment=dataclasses.replace(config.augment, max_rows=None, max_examples=5))
     assert {row["stage"]: row for row in plan_pipeline(none)}["mlm"]["action"] == "skip"
     assert "note" not in {row["stage"]: row for row in plan_pipeline(some)}["mlm"]
+
+
+def test_a_masked_lm_budget_too_small_for_one_example_runs_no_masked_lm(tmp_path, tiny_tokenizer, caplog):
+    """``augment.max_mlm_words`` below the first example's masked-LM work leaves no example to augment: no masked LM
+    is adapted for nothing, every example is kept as it is, and the log says which budget left no room."""
+    from distill.pipeline import run_pipeline
+    from tests.conftest import tiny_job_every_stage
+
+    path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
+    job = yaml.safe_load(path.read_text())
+    job["general"]["enabled"] = False
+    job["export"]["onnx"] = False
+    job["augment"].update(max_rows=None, max_mlm_words=1, num_copies=2)
+    path.write_text(yaml.safe_dump(job))
+    with caplog.at_level("INFO"):
+        run_pipeline(load_config(str(path)))
+    out = tmp_path / "run"
+    assert not (out / "mlm").exists()
+    assert json.loads((out / "augmented" / "stage.json").read_text())["num_augmented"] == 0
+    assert "augment.max_mlm_words 1); every example is kept as it is and no masked LM is adapted" in caplog.text
