@@ -391,10 +391,12 @@ def run_seeds_command(config, args) -> int:
 def run_distill_command(config, args) -> int:
     if args.stage == "task":
         return run_pipeline_command(config, args)
+    from distill.checkpoint import output_lock
     from distill.general import general_config, run_general_distillation
 
     folder = Path(config.output_dir) / "general"
-    record = run_general_distillation(general_config(config, for_pipeline=False), folder)
+    with output_lock(Path(config.output_dir), "distill --stage general"):  # a second run there is refused
+        record = run_general_distillation(general_config(config, for_pipeline=False), folder)
     from accelerate import PartialState
 
     if not PartialState().is_main_process:
