@@ -249,10 +249,18 @@ def enable_score_capture(model: nn.Module, layers: list[int] | None = None, fuse
     num_layers = model.config.num_hidden_layers
     captured = list(range(num_layers)) if layers is None else sorted(set(layers))
     sink = QKVSink(qkv_layers) if qkv_layers else None
-    for module in model.modules():
-        if isinstance(getattr(module, "layer_idx", None), int):
-            module.capture_mode = ("fused" if fused else "eager") if module.layer_idx in captured else "off"
-            module.qkv_sink = sink
+    indexed = [module for module in model.modules() if isinstance(getattr(module, "layer_idx", None), int)]
+    for module in indexed:
+        module.capture_mode = ("fused" if fused else "eager") if module.layer_idx in captured else "off"
+        module.qkv_sink = sink
+    if not indexed:
+        # Families whose attention modules carry no layer index (ALBERT's one shared module, DistilBERT's): every
+        # layer keeps eager attention (scores of all layers computed, the captured ones read), and the sink, which
+        # counts calls in layer order, is given to each module the model records attentions from.
+        attention = (getattr(model, "_can_record_outputs", None) or {}).get("attentions")
+        for module in model.modules():
+            if isinstance(attention, type) and isinstance(module, attention):
+                module.qkv_sink = sink
     model.captured_layers = captured
     model.qkv_sink = sink
     return model

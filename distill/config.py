@@ -155,6 +155,8 @@ class TeacherConfig:
     def __post_init__(self) -> None:
         _check(self.max_train_examples_cpu is None or self.max_train_examples_cpu > 0, "max_train_examples_cpu",
                f"must be > 0 or null, got {self.max_train_examples_cpu}")
+        _check(self.eval_steps is None or self.eval_steps > 0, "eval_steps",
+               f"must be > 0 or null (score at each epoch's end), got {self.eval_steps}")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,13 @@ def sequence_user_spec(config: TaskConfig) -> TaskSpec:
     if other:
         raise DataError(f"task.metrics: {other} score other task types (token classification, question "
                         f"answering); a sequence task takes {', '.join(SEQUENCE_METRICS)}")
+    if "f1" in metrics and len(label_names) != 2:
+        raise DataError(f"task.metrics: f1 scores the positive class of a two-class task; this one has "
+                        f"{len(label_names) or 'no'} classes ({', '.join(label_names) or 'regression'}): use accuracy "
+                        "or matthews_corrcoef")
+    if "f1" in metrics:
+        logger.info("task %s: f1 scores class %r (the second label) as the positive class", config.name,
+                    label_names[1])
     return TaskSpec(config.name, tuple(config.text_columns), config.label_column, label_names, metrics, hub=None,
                     dev_file=config.dev_file or "", train_file=config.train_file)
 
@@ -188,7 +196,16 @@ def _label_values(config: TaskConfig) -> list[str]:
     """
     train = read_table(config.train_file)
     require_columns(train, [config.label_column], config.train_file)
-    counts = Counter(str(v) for v in train[config.label_column] if v is not None)
+    # As labels are matched (:func:`_parse_label`): stripped, any case; two spellings of one label are refused.
+    # An empty label is no class: _parse_label names its line.
+    counts = Counter(str(v).strip() for v in train[config.label_column] if v is not None and str(v).strip())
+    spellings: dict[str, list[str]] = {}
+    for value in counts:
+        spellings.setdefault(value.lower(), []).append(value)
+    clashing = sorted(sorted(group) for group in spellings.values() if len(group) > 1)
+    if clashing:
+        raise DataError(f"{config.train_file}: labels {clashing[0]} differ only in case, which is read as one label; "
+                        "write each label one way, or set task.label_names")
     values = sorted(counts)
     if all(v.lstrip("-").isdigit() for v in values):
         values.sort(key=int)
@@ -196,10 +213,11 @@ def _label_values(config: TaskConfig) -> list[str]:
         raise DataError(f"{config.train_file}: column {config.label_column!r} has {len(values)} distinct label(s) "
                         f"({values}); a classification task needs two or more, or set task.regression: true")
     if config.dev_file:
-        dev = read_table(config.dev_file)
+        dev = read_table(config.dev_file, split=DEV_SPLITS)
         require_columns(dev, [config.label_column], config.dev_file)
         known = {v.lower() for v in values}
-        unseen = sorted({str(v) for v in dev[config.label_column] if v is not None and str(v).lower() not in known})
+        unseen = sorted({str(v).strip() for v in dev[config.label_column]
+                         if v is not None and str(v).strip() and str(v).strip().lower() not in known})
         if unseen:
             raise DataError(f"{config.dev_file}: label(s) {unseen} are in the dev set but not in the training set "
                             f"{config.train_file} (labels there: {values}); fix them, or set task.label_names to every "
@@ -229,6 +247,8 @@ def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     except (UnicodeDecodeError, csv.Error) as error:
         raise DataError(f"{path}: {_diagnose(path, error)}") from None
+    while rows and not rows[-1]:  # blank lines at the end of the file
+        rows.pop()
     if not rows:
         raise DataError(f"{path} is empty; a GLUE TSV file starts with a header line")
     if spec.header is not None:  # headerless format (CoLA)
@@ -252,17 +272,24 @@ def read_glue_tsv(path: Path, spec: TaskSpec) -> datasets.Dataset:
         for c in spec.text_columns:
             columns[c].append(row[positions[c]])
         columns["label"].append(_parse_label(row[positions[spec.label_column]], spec, path, line_number))
+    if not columns["label"]:
+        raise DataError(f"{path} has a header line but no example")
     return datasets.Dataset.from_dict(columns)
 
 
 def _parse_label(value, spec: TaskSpec, path: Path | str, line_number: int) -> int | float:
     """A label as written (class id, class name, or score) -> class id or float score."""
     text = str(value).strip()
-    try:
-        if spec.is_regression:
-            return float(text)
-    except ValueError:
-        raise DataError(f"{path}, line {line_number}: score {value!r} is not a number") from None
+    if not text:
+        raise DataError(f"{path}, line {line_number}: no label (an empty field, or a row short of fields)")
+    if spec.is_regression:
+        try:
+            score = float(text)
+        except ValueError:
+            raise DataError(f"{path}, line {line_number}: score {value!r} is not a number") from None
+        if not math.isfinite(score):
+            raise DataError(f"{path}, line {line_number}: score {value!r} is not a finite number")
+        return score
     names = [n.lower() for n in spec.label_names]
     if text.lower() in names:
         return names.index(text.lower())
@@ -388,23 +415,36 @@ def _load_user_files(config: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict
     """A user's train and dev files, their label column mapped to ids (classification) or floats (regression)."""
     if not config.dev_file:
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
-    return datasets.DatasetDict({split: spec.type.read_user_split(source, spec) for split, source in
+    return datasets.DatasetDict({split: spec.type.read_user_split(source, spec, split) for split, source in
                                  (("train", config.train_file), ("dev", config.dev_file))})
 
 
-def read_user_table(source: str, spec: TaskSpec) -> datasets.Dataset:
+def read_user_table(source: str, spec: TaskSpec, split: str | tuple[str, ...] = "train") -> datasets.Dataset:
     """One split of a user's CSV/TSV/JSONL file for a sequence task: the text column(s) and ``label`` (class id, or
     float score).
 
+    Args:
+        source: a file, a saved dataset folder or a hub dataset (:func:`read_table`).
+        split: the split read from a saved ``DatasetDict`` or a hub dataset (a tuple: the first present, e.g.
+            :data:`DEV_SPLITS`); a file holds one.
+
     Raises:
-        DataError: a missing column, a label not in the label set (naming the file and line).
+        DataError: no example, a missing column, a row without its text, a label not in the label set (naming the
+            file and line).
     """
-    table = read_table(source, text_columns=spec.text_columns)
+    table = read_table(source, split=split, text_columns=spec.text_columns)
     require_columns(table, [*spec.text_columns, spec.label_column], source)
+    if len(table) == 0:
+        raise DataError(f"{source}: no example (a header line alone)")
     # Row i of the table is line i + 2 of a CSV/TSV file (after the header), line i + 1 of a JSONL file.
     offset = 1 if Path(source).suffix in (".jsonl", ".json") else 2
     labels = [_parse_label(value, spec, source, i + offset) for i, value in enumerate(table[spec.label_column])]
-    texts = {c: ["" if t is None else str(t) for t in table[c]] for c in spec.text_columns}
+    for column in spec.text_columns:
+        missing = next((i for i, text in enumerate(table[column]) if text is None), None)
+        if missing is not None:
+            raise DataError(f"{source}, line {missing + offset}: no {column!r} (a short row, or a null); every example "
+                            "needs its text")
+    texts = {c: [str(t) for t in table[c]] for c in spec.text_columns}
     return datasets.Dataset.from_dict({**texts, "label": labels})
 
 
@@ -414,7 +454,12 @@ TABLE_FORMATS = {".csv": ("csv", {"encoding": "utf-8-sig"}),
                  ".jsonl": ("json", {}), ".json": ("json", {})}
 
 
-def read_table(source: str, split: str = "train", text_columns: list[str] | tuple[str, ...] = ()) -> datasets.Dataset:
+# The split a dev file names in a saved DatasetDict or a hub dataset: the first of these it has.
+DEV_SPLITS = ("validation", "dev")
+
+
+def read_table(source: str, split: str | tuple[str, ...] = "train",
+               text_columns: list[str] | tuple[str, ...] = ()) -> datasets.Dataset:
     """Rows of a user's data set, columns as named in the source.
 
     CSV/TSV fields are never read as missing values ("", "NA" stay text), and ``text_columns`` are read as text as
@@ -424,7 +469,7 @@ def read_table(source: str, split: str = "train", text_columns: list[str] | tupl
         source: a ``.csv`` file (standard quoting), a ``.tsv`` file (tab-separated, no quoting, as GLUE), a
             ``.jsonl``/``.json`` file (one object a line, or an array), a folder written by ``Dataset.save_to_disk``,
             or a hub dataset ``name`` or ``name:config`` (``glue:sst2``) loaded with ``datasets.load_dataset``.
-        split: the split of a saved ``DatasetDict`` or hub dataset.
+        split: the split of a saved ``DatasetDict`` or hub dataset (a tuple: the first of them it has).
         text_columns: columns of a CSV/TSV file to read as strings.
 
     Raises:
@@ -444,12 +489,15 @@ def read_table(source: str, split: str = "train", text_columns: list[str] | tupl
     return _pick_split(datasets.load_dataset(name, config or None), split, source)
 
 
-def _pick_split(loaded, split: str, source: str) -> datasets.Dataset:
+def _pick_split(loaded, split: str | tuple[str, ...], source: str) -> datasets.Dataset:
     if isinstance(loaded, datasets.Dataset):
         return loaded
-    if split not in loaded:
-        raise DataError(f"{source} has no split {split!r}; splits: {', '.join(loaded)}")
-    return loaded[split]
+    wanted = (split,) if isinstance(split, str) else split
+    found = next((name for name in wanted if name in loaded), None)
+    if found is None:
+        raise DataError(f"{source} has no split {' or '.join(repr(name) for name in wanted)}; splits: "
+                        f"{', '.join(loaded)}")
+    return loaded[found]
 
 
 def _read_file(path: Path, text_columns: list[str] | tuple[str, ...] = ()) -> datasets.Dataset:
@@ -463,6 +511,8 @@ def _read_file(path: Path, text_columns: list[str] | tuple[str, ...] = ()) -> da
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as error:  # the loaders wrap parser errors of several kinds
+        if builder == "csv" and len(path.read_bytes().strip().splitlines()) == 1:
+            raise DataError(f"{path}: no example (a header line alone)") from None
         raise DataError(f"{path}: cannot read it as {path.suffix[1:].upper()}: {_diagnose(path, error)}") from None
 
 

@@ -35,6 +35,7 @@ def build_layer_map(spec: str | list[int], num_teacher_layers: int, num_student_
         bad = [x for x in layers if not 1 <= x <= n]
         if bad:
             raise ValueError(f"layer_map entries {bad} are outside the teacher's layers 1..{n}")
+        logger.info("layer map (explicit, %d-of-%d): student 0..%d -> teacher %s", m, n, m, [0, *layers])
         return layers
     if m > n:
         raise ValueError(

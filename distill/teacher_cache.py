@@ -208,10 +208,12 @@ def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
     if total - written > free * (1 - FREE_MARGIN):
+        smaller = "" if name != "float32" else "store it at half the size (distill.teacher_cache: float16), "
         raise ConfigError(
             f"distill.teacher_cache: the teacher-output cache of {len(lengths)} examples needs {_gib(total - written)}"
-            f" more in {folder}, and the disk has {_gib(free)} free; free space, move output_dir, store it at half "
-            f"the size (distill.teacher_cache: float16), or turn the cache off (distill.teacher_cache: null)")
+            f" more in {folder}, over {100 * (1 - FREE_MARGIN):.0f}% of the {_gib(free)} the disk has free (the rest "
+            f"is left for the run); free space, move output_dir, {smaller}or turn the cache off "
+            "(distill.teacher_cache: null)")
     logger.info("teacher-output cache: %d examples, %s in %s (%s; %s); %d shards", len(lengths), _gib(total), name,
                 ", ".join(f"{kind}[{layer}]" for kind, layer in layout.reads), folder, len(shards))
     mark_stage_started(folder)

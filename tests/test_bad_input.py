@@ -120,6 +120,7 @@ def tiny_teacher_dir(tmp_path, tiny_tokenizer):
       "student.intermediate_size=32", "student.num_attention_heads=2"],
      r"layer_map entries \[3\] are outside the teacher's layers 1..2"),
     (["distill.temperature=-1"], r"distill.temperature: must be > 0, got -1.0"),
+    (["teacher.eval_steps=0"], r"teacher.eval_steps: must be > 0 or null \(score at each epoch's end\), got 0"),
     (["augment.replace_prob=1.5"], r"augment.replace_prob: must be in \[0, 1\], got 1.5"),
     (["distill.intermediate.batch_size=many"], r"distill.intermediate.batch_size: expected int, got 'many'"),
     (["distill.tempreature=2"], r"unknown config key distill.tempreature; DistillConfig accepts: layer_map"),

@@ -139,3 +139,36 @@ def test_student_gradients_with_capture_equal_eager_autograd():
     (run.logits.square().sum() + run.hidden_states[-1].sum()).backward()
     for (name, p), (_, q) in zip(reference.named_parameters(), captured.named_parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("family", ["albert", "distilbert"])
+def test_query_key_value_are_captured_in_families_whose_attention_has_no_layer_index(family):
+    """The MiniLMv2 relation term reads each mapped layer's query, key and value. ALBERT's one shared attention
+    module and DistilBERT's carry no layer index; the projections must still be those the layer computed, in layer
+    order (checked against forward hooks on the projection layers themselves)."""
+    from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertModel
+
+    from distill.capture import enable_score_capture, run_model
+
+    torch.manual_seed(0)
+    if family == "albert":
+        model = AlbertModel(AlbertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                         intermediate_size=64, embedding_size=16)).eval()
+        layers = [model.encoder.albert_layer_groups[0].albert_layers[0].attention] * 3
+        names = ("query", "key", "value")
+    else:
+        model = DistilBertModel(DistilBertConfig(vocab_size=60, dim=32, n_layers=3, n_heads=4, hidden_dim=64)).eval()
+        layers = [block.attention for block in model.transformer.layer]
+        names = ("q_lin", "k_lin", "v_lin")
+    seen = []
+    handles = [getattr(module, name).register_forward_hook(lambda m, i, out: seen.append(out.detach()))
+               for module in dict.fromkeys(layers) for name in names]
+    enable_score_capture(model, qkv_layers=[0, 2])
+    batch = {"input_ids": torch.randint(5, 60, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long)}
+    qkv = run_model(model, batch).qkv
+    for handle in handles:
+        handle.remove()
+    assert sorted(qkv) == [0, 2]
+    for layer in (0, 2):  # the hooks saw q, k, v of layer 0, then of layer 1, then of layer 2
+        for position in range(3):
+            torch.testing.assert_close(qkv[layer][position], seen[3 * layer + position])

@@ -95,3 +95,52 @@ def test_read_table_errors_name_the_file_and_line(tmp_path, name, content, messa
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataError, match=message):
         read_table(str(tmp_path / name))
+
+
+def test_a_saved_dataset_as_dev_file_is_scored_on_its_validation_split(tmp_path):
+    """train_file and dev_file may name one saved DatasetDict: the dev set is its validation split, not train."""
+    folder = tmp_path / "saved"
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": ["x", "y", "x", "y"]}),
+        "validation": datasets.Dataset.from_dict({"text": ["X", "Y"], "label": ["y", "x"]}),
+    }).save_to_disk(str(folder))
+    data = load_task_data(TaskConfig(name="mine", train_file=str(folder), dev_file=str(folder), text_columns=["text"]))
+    assert data["train"]["text"] == ["a", "b", "c", "d"] and data["dev"]["text"] == ["X", "Y"]
+    assert data["dev"]["label"] == [1, 0]
+
+
+def test_user_labels_are_one_class_however_spaced_and_refused_when_only_case_tells_them_apart(tmp_path):
+    (tmp_path / "spaced.csv").write_text("text, label\nhello, pos\nbye, neg\nhi, pos\n")
+    data = load_task_data(TaskConfig(name="mine", train_file=str(tmp_path / "spaced.csv"),
+                                     dev_file=str(tmp_path / "spaced.csv"), text_columns=["text"],
+                                     label_column=" label"))
+    assert data["train"]["label"] == [1, 0, 1]  # labels neg, pos (" pos" as written)
+    (tmp_path / "cased.csv").write_text("text,label\n" + "".join(f"t{i},pos\n" for i in range(60)) + "u,Pos\nv,neg\n")
+    with pytest.raises(DataError, match=r"labels \['Pos', 'pos'\] differ only in case"):
+        load_task_data(TaskConfig(name="mine", train_file=str(tmp_path / "cased.csv"),
+                                  dev_file=str(tmp_path / "cased.csv"), text_columns=["text"]))
+
+
+@pytest.mark.parametrize("rows, settings, message", [
+    ("text,label\na,x\nb,y\nc,z\n", {"metrics": ["f1"]}, r"task.metrics: f1 scores the positive class of a two-class "
+                                                         r"task; this one has 3 classes"),
+    ("text,score\na,1.5\nb,nan\n", {"regression": True, "label_column": "score"}, r"line 3: score 'nan' is not a "
+                                                                                 r"finite number"),
+    ("text,label\n", {}, r"no example"),
+    ("text,label,note\na,x,n\nb,y,n\n0\n", {}, r"line 4: no label \(an empty field, or a row short of fields\)"),
+])
+def test_bad_user_files_are_one_line_errors_naming_the_problem(tmp_path, rows, settings, message):
+    path = tmp_path / "data.csv"
+    path.write_text(rows)
+    with pytest.raises(DataError, match=message):
+        load_task_data(TaskConfig(name="mine", train_file=str(path), dev_file=str(path), text_columns=["text"],
+                                  label_names=None if rows != "text,label\n" else ["x", "y"], **settings))
+
+
+def test_blank_lines_at_the_end_of_a_glue_file_are_not_examples(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("sentence\tlabel\nfine\t1\nbad\t0\n\n\n")
+    assert read_glue_tsv(path, get_task("sst2"))["label"] == [1, 0]
+    (tmp_path / "header.tsv").write_text("sentence\tlabel\n")
+    with pytest.raises(DataError, match="has a header line but no example"):
+        read_glue_tsv(tmp_path / "header.tsv", get_task("sst2"))

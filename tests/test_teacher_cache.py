@@ -165,10 +165,16 @@ def test_a_disk_without_room_is_a_clear_error_before_anything_is_written(tmp_pat
     needed = cache_bytes(layout, [len(ids) for ids in data["input_ids"]], torch.float32)
     monkeypatch.setattr(teacher_cache.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12,
                                                                                                    needed // 2))
-    with pytest.raises(ConfigError, match=r"needs 0\.00 GiB more .* free; .*float16.*null"):
+    with pytest.raises(ConfigError, match=r"needs 0\.00 GiB more .*, over 95% of the 0\.00 GiB the disk has free "
+                                          r"\(the rest is left for the run\); .*float16.*null"):
         build_teacher_cache(objective.teacher, data, collate, layout, tmp_path / "cache", "run", torch.float32,
                             device=torch.device("cpu"))
     assert not list((tmp_path / "cache").glob("shards/shard-*"))
+    # Already at half the size: the advice is not to halve it again.
+    with pytest.raises(ConfigError, match=r"move output_dir, or turn the cache off") as refused:
+        build_teacher_cache(objective.teacher, data, collate, layout, tmp_path / "cache16", "run", torch.float16,
+                            device=torch.device("cpu"))
+    assert "float16" not in str(refused.value).split("; ", 1)[1]
 
 
 def test_size_estimate_is_the_bytes_written(tmp_path, tiny_tokenizer):

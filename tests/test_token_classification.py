@@ -61,6 +61,14 @@ def test_conll_errors_name_the_file_line_and_tag(tmp_path):
     bad.write_text("the\tO\nactor\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"bad.conll, line 2: 'actor' has no tag"):
         read_conll(bad, TAGS)
+    latin1 = tmp_path / "latin1.conll"
+    latin1.write_bytes("caf\u00e9\tO\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.conll: not UTF-8 text \(byte 3\); save the file as UTF-8"):
+        read_conll(latin1, TAGS)
+    # A byte-order mark (Windows editors write one) is not part of the first word: -DOCSTART- is still skipped.
+    marked = tmp_path / "marked.conll"
+    marked.write_bytes("-DOCSTART-\tO\n\nthe\tO\n".encode("utf-8-sig"))
+    assert read_conll(marked, TAGS)["tokens"] == [["the"]]
     typo = write_conll(tmp_path / "typo.conll", [(["the", "actor"], ["O", "B-persn"])])
     with pytest.raises(DataError, match=r"\['B-persn'\] are not among the task's labels"):
         read_conll(typo, TAGS)

@@ -47,8 +47,9 @@ class TaskType:
         """The spec of a task of the user's own files (``task.train_file``, ``dev_file``, ...) of this type."""
         raise NotImplementedError
 
-    def read_user_split(self, path, spec: "TaskSpec") -> "datasets.Dataset":
-        """One split of the user's own files, columns ``spec.text_columns`` and ``label``."""
+    def read_user_split(self, path, spec: "TaskSpec", split: str = "train") -> "datasets.Dataset":
+        """One split of the user's own files, columns ``spec.text_columns`` and ``label``; ``split`` ("train" or
+        "dev") picks the split of a source that holds several (a saved ``DatasetDict``, a hub dataset)."""
         raise NotImplementedError
 
     def tokenize(self, dataset: "datasets.Dataset", tokenizer: "PreTrainedTokenizerBase", spec: "TaskSpec",
@@ -144,10 +145,10 @@ class SequenceClassification(TaskType):
 
         return sequence_user_spec(config)
 
-    def read_user_split(self, path, spec):
-        from distill.data import read_user_table
+    def read_user_split(self, path, spec, split="train"):
+        from distill.data import DEV_SPLITS, read_user_table
 
-        return read_user_table(path, spec)
+        return read_user_table(path, spec, "train" if split == "train" else DEV_SPLITS)
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         from distill.data import tokenize_texts
@@ -224,8 +225,8 @@ class TokenClassification(TaskType):
 
         return user_spec(config)
 
-    def read_user_split(self, path, spec):
-        return self.read_split(path, spec)
+    def read_user_split(self, path, spec, split="train"):
+        return self.read_split(path, spec)  # one file a split
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         from distill.tasks.token_classification import tokenize_words
@@ -331,8 +332,8 @@ class QuestionAnswering(TaskType):
 
         return squad_spec(config)
 
-    def read_user_split(self, path, spec):
-        return self.read_split(path, spec)
+    def read_user_split(self, path, spec, split="train"):
+        return self.read_split(path, spec)  # one file a split
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         from distill.tasks.question_answering import doc_stride, tokenize_questions

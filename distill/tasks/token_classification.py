@@ -50,19 +50,22 @@ def read_conll(path: str | Path, label_names: tuple[str, ...] | None = None) -> 
     sentences: list[tuple[list[str], list[str]]] = []
     words: list[str] = []
     tags: list[str] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            fields = line.split()
-            if not fields or fields[0] == "-DOCSTART-":
-                if words:
-                    sentences.append((words, tags))
-                words, tags = [], []
-                continue
-            if len(fields) < 2:
-                raise DataError(f"{path}, line {number}: {line.strip()!r} has no tag; each line holds a word and its "
-                                "tag (the last column), separated by a tab or spaces")
-            words.append(fields[0])
-            tags.append(fields[-1])
+    try:  # utf-8-sig: a byte-order mark is not part of the first word
+        with path.open(encoding="utf-8-sig") as handle:
+            for number, line in enumerate(handle, start=1):
+                fields = line.split()
+                if not fields or fields[0] == "-DOCSTART-":
+                    if words:
+                        sentences.append((words, tags))
+                    words, tags = [], []
+                    continue
+                if len(fields) < 2:
+                    raise DataError(f"{path}, line {number}: {line.strip()!r} has no tag; each line holds a word and "
+                                    "its tag (the last column), separated by a tab or spaces")
+                words.append(fields[0])
+                tags.append(fields[-1])
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text (byte {error.start}); save the file as UTF-8") from None
     if words:
         sentences.append((words, tags))
     if not sentences:
