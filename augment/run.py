@@ -50,7 +50,8 @@ def _input(config: PipelineConfig, source: str | None, text_columns: list[str] |
         spec = task_spec(config.task)
         data = load_task_data(config.task, spec)["train"]
         task = {**to_dict(config.task), "data_dir": data_folder_content(config.task),
-                "train_file": content_or_name(config.task.train_file), "dev_file": content_or_name(config.task.dev_file)}
+                "train_file": content_or_name(config.task.train_file),
+                "dev_file": content_or_name(config.task.dev_file)}
         return data, tuple(text_columns or spec.text_columns), task
     data = read_table(source, split)
     columns = tuple(text_columns) if text_columns else default_text_columns(data.column_names, source)

@@ -2,8 +2,8 @@
 
 It runs through `accelerate` (CPU, one GPU, or several processes under ``accelerate launch``), checkpoints every
 ``save_steps`` optimizer steps and at the end, and resumes exactly: model, projections, optimizer, scheduler, RNG
-states, the data position and (fp16) the loss scale are restored, so on CPU an interrupted and resumed run ends with the same weights as an
-uninterrupted one.
+states, the data position and (fp16) the loss scale are restored, so on CPU an interrupted and resumed run ends with
+the same weights as an uninterrupted one.
 
 Data is either an indexable dataset (shuffled per epoch by a seeded sampler; the position is epoch and batch) or a
 streamed ``datasets.IterableDataset`` read in order (split across processes with ``split_dataset_by_node``; the

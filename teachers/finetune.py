@@ -96,10 +96,15 @@ def check_teacher_quality(metrics: dict, spec: TaskSpec, minimum: float | None, 
     threshold = level["value"] + CHANCE_MARGIN if minimum is None else minimum
     if metrics[metric] < threshold:
         about = f"chance is {level['value']:.4f}, {level['basis']}" if level else "set by teacher.min_dev_metric"
+        # Far below chance on a classification task is what a good teacher gives with its classes in another order.
+        far_below = bool(level) and metric == "accuracy" and metrics[metric] < level["value"] / 2
+        reversed_hint = (" Far below chance: a teacher whose classes are in another order than the task's scores so; "
+                         "check its config's id2label (named with the task's labels, teacher.remap_labels: true "
+                         "reorders them)." if far_below else "")
         raise ModelError(
             f"teacher {name!r} has dev {metric} {metrics[metric]:.4f}, below {threshold:.4f} ({about}): it is not "
             f"fine-tuned for {spec.name} or is broken. Distilling it would give a garbage student. Train it longer, "
-            "or lower teacher.min_dev_metric if you mean it."
+            f"or lower teacher.min_dev_metric if you mean it.{reversed_hint}"
         )
 
 

@@ -247,16 +247,16 @@ def test_sentencepiece_rule_keeps_whole_words_only(vectors):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import XLMRobertaConfig, XLMRobertaForMaskedLM, XLMRobertaTokenizerFast
 
-    pieces = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "▁the", "▁film", "▁was", "▁wonderful", "▁movie", "▁a",
-              "▁great", "▁show", "▁walk", "ing", "s", "ed", "▁", "wonder"]
+    pieces = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "▁the", "▁film", "▁was", "▁wonderful", "▁movie",
+              "▁a", "▁great", "▁show", "▁walk", "ing", "s", "ed", "▁", "wonder"]
     unigram = Tokenizer(models.Unigram([(p, -float(i)) for i, p in enumerate(pieces)], unk_id=3))
     unigram.pre_tokenizer, unigram.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
     tokenizer = XLMRobertaTokenizerFast(tokenizer_object=unigram, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                         pad_token="<pad>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
     torch.manual_seed(0)
-    model = XLMRobertaForMaskedLM(XLMRobertaConfig(vocab_size=len(pieces), hidden_size=32, num_hidden_layers=1,
-                                                   num_attention_heads=4, intermediate_size=64,
-                                                   max_position_embeddings=70, type_vocab_size=1, pad_token_id=1)).eval()
+    config = XLMRobertaConfig(vocab_size=len(pieces), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=70, type_vocab_size=1, pad_token_id=1)
+    model = XLMRobertaForMaskedLM(config).eval()
     # Every piece is among the K candidates, so what is kept is decided by the rule alone.
     generator = CandidateGenerator(model, tokenizer, NeighbourCache(vectors, 2), load_stopwords(),
                                    num_candidates=len(pieces), batch_size=2)

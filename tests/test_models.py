@@ -67,6 +67,9 @@ def test_teacher_near_chance_is_refused():
     with pytest.raises(ModelError, match="below 0.5500 .* not fine-tuned"):
         check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), None, "t", labels)
     check_teacher_quality({"accuracy": 0.51}, get_task("sst2"), 0.5, "t")
+    # Far below chance: the mark of a teacher whose classes are in another order; the message says so.
+    with pytest.raises(ModelError, match=r"Far below chance: a teacher whose classes are in another order"):
+        check_teacher_quality({"accuracy": 0.08}, get_task("sst2"), None, "swapped", labels)
 
 
 # Class counts of each GLUE task's dev set (the hub's validation split, MNLI's validation_matched), in label id order.
