@@ -295,7 +295,8 @@ def finished_or_superseded(directory: Path, run_id: str) -> dict | None:
 
     A folder that holds the output of another run id, finished or not (its config, or that of a stage before it,
     changed), is moved to ``<parent>/superseded/<name>-<its run id>/`` with a warning, so nothing done is lost and the
-    stage runs again in a clean folder; an unfinished folder of the same run id is left to resume.
+    stage runs again in a clean folder; an unfinished folder of the same run id is left to resume. Under a
+    multi-process launch every process may find it: the first to move it does, the others find it gone.
     """
     others = folder_run_ids(directory) - {run_id}
     if others:
@@ -305,9 +306,12 @@ def finished_or_superseded(directory: Path, run_id: str) -> dict | None:
         while target.exists():
             target, suffix = target.with_name(f"{directory.name}-{old}-{suffix}"), suffix + 1
         target.parent.mkdir(parents=True, exist_ok=True)
-        directory.rename(target)
-        logger.warning("%s held the output of another run (run id %s, this run %s): the settings it depends on "
-                       "changed. Moved it to %s; running the stage again.", directory, old, run_id, target)
+        try:
+            directory.rename(target)
+            logger.warning("%s held the output of another run (run id %s, this run %s): the settings it depends on "
+                           "changed. Moved it to %s; running the stage again.", directory, old, run_id, target)
+        except FileNotFoundError:  # another process of the job moved it first
+            pass
     return stage_done(directory, run_id)
 
 

