@@ -132,6 +132,17 @@ def test_run_ids_follow_the_declared_fields_and_inputs():
     assert spec.run_id(config, {**inputs, "general": "g2"}) != base
 
 
+def test_the_teachers_bar_is_not_in_its_run_id():
+    """teacher.min_dev_metric decides whether the job goes on with the teacher, not the teacher: lowering it after a
+    refusal, as the refusal suggests, keeps the run id, so the finished fine-tuning is scored again, not redone."""
+    config = load_config(None)
+    spec = STAGES["teacher"]
+    lowered = dataclasses.replace(config, teacher=dataclasses.replace(config.teacher, min_dev_metric=0.3))
+    assert spec.run_id(lowered, {}) == spec.run_id(config, {})
+    other = dataclasses.replace(config, teacher=dataclasses.replace(config.teacher, select_best=False))
+    assert spec.run_id(other, {}) != spec.run_id(config, {})
+
+
 def test_local_word_vectors_and_stop_words_count_by_their_bytes(tmp_path):
     """An edited GloVe or stop-word file re-runs augmentation; the same bytes elsewhere do not; the default names (an
     installed package, NLTK's list) count by name, so the shipped configs' run ids stay as they were."""
