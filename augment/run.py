@@ -23,7 +23,8 @@ from distill.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
 from distill.data import DataError, load_task_data, read_table, require_columns, task_spec
 from distill.device import run_device
-from distill.fingerprints import content_or_name, data_folder_content
+from distill.fingerprints import content_or_name
+from distill.stages import with_contents
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +50,9 @@ def _input(config: PipelineConfig, source: str | None, text_columns: list[str] |
     if source is None:
         spec = task_spec(config.task)
         data = load_task_data(config.task, spec)["train"]
-        task = {**to_dict(config.task), "data_dir": data_folder_content(config.task),
-                "train_file": content_or_name(config.task.train_file),
-                "dev_file": content_or_name(config.task.dev_file)}
-        return data, tuple(text_columns or spec.text_columns), task
+        identity = {"task": to_dict(config.task)}
+        with_contents(identity, config)  # its data files by their bytes, as in the pipeline's run ids
+        return data, tuple(text_columns or spec.text_columns), identity["task"]
     data = read_table(source, split)
     columns = tuple(text_columns) if text_columns else default_text_columns(data.column_names, source)
     return data, columns, {"source": content_or_name(source), "split": split}

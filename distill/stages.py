@@ -60,7 +60,7 @@ class StageSpec:
         if missing:
             raise ValueError(f"stage {self.name}: run ids of its inputs {missing} are needed")
         values = {path: _plain(_lookup(config, path)) for path in self.reads}
-        _with_contents(values, config)
+        with_contents(values, config)
         for neutral in self.neutral:  # a speed-only field inside a hashed section
             for path, value in values.items():
                 if neutral.startswith(path + ".") and isinstance(value, dict):
@@ -80,7 +80,7 @@ INPUT_FIELDS = ("task.data_dir", "task.train_file", "task.dev_file", "teacher.mo
                 "augment.stopwords", "student.model")
 
 
-def _with_contents(values: dict[str, Any], config: Any) -> None:
+def with_contents(values: dict[str, Any], config: Any) -> None:
     """Replace, in the hashed ``values`` ({declared path: value}), each :data:`INPUT_FIELDS` entry that names a local
     file or folder with ``sha256:<digest>`` of its bytes (a data folder: the files its task reads)."""
     for field_path in INPUT_FIELDS:
