@@ -378,11 +378,17 @@ def run_pipeline_command(config, args) -> int:
 
 
 def run_seeds_command(config, args) -> int:
-    from distill.seeds import run_seeds
+    from distill.seeds import SeedsFailedError, run_seeds
 
     start = time.perf_counter()
-    run_seeds(config, args.seeds, command=_command_line(args.prog))
     out = Path(config.output_dir)
+    try:
+        run_seeds(config, args.seeds, command=_command_line(args.prog))
+    except SeedsFailedError as error:
+        if (out / "seeds.md").is_file():
+            print((out / "seeds.md").read_text(encoding="utf-8"))
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print((out / "seeds.md").read_text(encoding="utf-8"))
     print(f"{len(args.seeds)} runs done in {time.perf_counter() - start:.0f} s; summary: {out / 'seeds.md'}")
     return 0

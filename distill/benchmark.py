@@ -43,7 +43,7 @@ import torch
 from distill.checkpoint import write_json_atomic
 from distill.config import BenchmarkConfig
 from distill.data import TaskSpec, tokenize
-from distill.device import is_accelerator, run_device, synchronize
+from distill.device import is_accelerator, run_device, synchronize, torch_threads
 from distill.evaluate import compute_metrics, predict
 from distill.export import (
     FILES,
@@ -159,8 +159,8 @@ def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: 
 
 
 def _p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    """The 90th percentile, interpolated between the sorted values as the report's (one value: itself)."""
+    return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
 
 
 def _spread(values: list[float]) -> float:
@@ -267,11 +267,15 @@ def run_benchmark(
     Returns:
         The contents of ``benchmark.json``.
     """
+    device = torch.device(device) if device is not None else run_device()
+    with torch_threads(config.num_threads):  # the count put back after, for whatever runs next in this process
+        return _run_benchmark(teacher, students, spec, dev, config, output_dir, max_seq_length, device)
+
+
+def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: TaskSpec, dev,
+                   config: BenchmarkConfig, output_dir: Path, max_seq_length: int, device: torch.device) -> dict:
     from transformers import AutoTokenizer
 
-    device = torch.device(device) if device is not None else run_device()
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
     output_dir.mkdir(parents=True, exist_ok=True)
     work = output_dir / "models"
     max_length = max([max_seq_length, *config.seq_lengths])

@@ -9,6 +9,9 @@ while its GPU idles. Stages are handed the device as an argument; none picks its
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 
@@ -53,3 +56,17 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False
     return a.type == "cpu" or a.index is None or b.index is None or a.index == b.index
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads (None: leave as it is), then put the previous count back,
+    so a timing setting never slows the training stages that run after it in the same process (e.g. the next seed)."""
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)

@@ -21,7 +21,7 @@ import torch
 
 from distill.checkpoint import write_json_atomic
 from distill.config import METRICS, ReportConfig, to_dict
-from distill.device import synchronize
+from distill.device import synchronize, torch_threads
 from teachers.finetune import CHANCE_MARGIN
 
 logger = logging.getLogger(__name__)
@@ -66,32 +66,31 @@ def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device
         (p90 - p10) / median.
     """
     device = torch.device(device)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    generator = torch.Generator().manual_seed(0)
-    results: dict[str, dict] = {name: {"latency_ms": {}} for name in models}
-    models = {name: model.eval().to(device) for name, model in models.items()}
-    for batch_size in config.batch_sizes:
-        inputs = {name: {k: v.to(device) for k, v in _inputs(m, batch_size, config.seq_length, generator).items()}
-                  for name, m in models.items()}
-        for _ in range(config.num_warmup):
-            for name, model in models.items():
-                model(**inputs[name])
-        synchronize(device)
-        samples: dict[str, list[float]] = {name: [] for name in models}
-        for _ in range(config.num_repeats):
-            for name, model in models.items():
-                start = time.perf_counter()
-                model(**inputs[name])
-                synchronize(device)
-                samples[name].append((time.perf_counter() - start) * 1000)
-        for name, times in samples.items():
-            results[name]["latency_ms"][f"{prefix}batch_{batch_size}"] = latency_summary(times)
-    largest = max(config.batch_sizes)
-    for name in models:
-        median = results[name]["latency_ms"][f"{prefix}batch_{largest}"]["median"]
-        results[name][f"{prefix}samples_per_s"] = largest / (median / 1000)
-    return results
+    with torch_threads(config.num_threads):
+        generator = torch.Generator().manual_seed(0)
+        results: dict[str, dict] = {name: {"latency_ms": {}} for name in models}
+        models = {name: model.eval().to(device) for name, model in models.items()}
+        for batch_size in config.batch_sizes:
+            inputs = {name: {k: v.to(device) for k, v in _inputs(m, batch_size, config.seq_length, generator).items()}
+                      for name, m in models.items()}
+            for _ in range(config.num_warmup):
+                for name, model in models.items():
+                    model(**inputs[name])
+            synchronize(device)
+            samples: dict[str, list[float]] = {name: [] for name in models}
+            for _ in range(config.num_repeats):
+                for name, model in models.items():
+                    start = time.perf_counter()
+                    model(**inputs[name])
+                    synchronize(device)
+                    samples[name].append((time.perf_counter() - start) * 1000)
+            for name, times in samples.items():
+                results[name]["latency_ms"][f"{prefix}batch_{batch_size}"] = latency_summary(times)
+        largest = max(config.batch_sizes)
+        for name in models:
+            median = results[name]["latency_ms"][f"{prefix}batch_{largest}"]["median"]
+            results[name][f"{prefix}samples_per_s"] = largest / (median / 1000)
+        return results
 
 
 def latency_summary(times: list[float]) -> dict[str, float]:

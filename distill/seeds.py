@@ -57,24 +57,45 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
     Returns:
         The summary written to ``seeds.json``.
 
+    A seed whose run fails (a teacher refused by its guard-rail, a loss that turned non-finite, a full disk) does not
+    stop the others: its error is logged with its traceback and named in the summary, the remaining seeds run, and
+    the seeds that finished are summarised. Running the same command again reuses every finished stage.
+
     Raises:
-        ConfigError: no seed, a seed given twice, or ``export.push_to_hub`` set (:func:`seeded`); and whatever
-            :func:`distill.pipeline.run_pipeline` raises for a run (the runs finished before it are kept).
+        ConfigError: no seed, a seed given twice, or ``export.push_to_hub`` set (:func:`seeded`), before any run.
+        SeedsFailedError: after the other seeds ran and the summary of those that finished was written, when at least
+            one seed's run failed. ``KeyboardInterrupt`` stops the whole command at once (finished stages kept).
     """
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds: give distinct seeds, e.g. 42 43 44 (got {seeds})")
     base = Path(config.output_dir)
     configs = {seed: seeded(config, seed, base / f"seed-{seed}") for seed in seeds}  # every check before any run
-    reports = {}
+    reports, failed = {}, {}
     with output_lock(base, command):  # each seed's own folder is locked by its pipeline
         for number, (seed, run_config) in enumerate(configs.items(), 1):
             logger.info("=== seed %d (%d of %d) -> %s", seed, number, len(seeds), run_config.output_dir)
-            reports[seed] = run_pipeline(run_config, device)
-        summary = summarize(reports)
-        summary["command"] = command
-        write_json_atomic(base / "seeds.json", summary)
-        (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
+            try:
+                reports[seed] = run_pipeline(run_config, device)
+            except Exception as error:  # noqa: BLE001 - one seed's failure is reported, the others still run
+                logger.exception("seed %d failed; its finished stages are kept, going on with the next seed", seed)
+                failed[seed] = f"{type(error).__name__}: {error}"
+        if reports:
+            summary = summarize(reports)
+            summary["failed"] = failed
+            summary["command"] = command
+            write_json_atomic(base / "seeds.json", summary)
+            (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
+    if failed:
+        done = (f"{base / 'seeds.md'} summarises the {len(reports)} that finished" if reports else "none finished")
+        raise SeedsFailedError(
+            f"{len(failed)} of {len(seeds)} seeds failed ({'; '.join(f'seed {s}: {m}' for s, m in failed.items())}); "
+            f"{done}. Fix the cause and re-run the same command: finished stages are reused (tracebacks in "
+            f"{base / 'run.log'})")
     return summary
+
+
+class SeedsFailedError(RuntimeError):
+    """One or more seeds' runs failed; the message names each with its error (the others ran and were summarised)."""
 
 
 def _spread(values: list[float]) -> dict:
@@ -156,4 +177,7 @@ def seeds_markdown(summary: dict) -> str:
             "retained is the student's dev metric over its own run's teacher's (left out where the teacher's is at or "
             f"below 0; n counts the runs that have it); {spread_said}. Task stages: wall time of the stages each run "
             "ran, general distillation left out (made once, reused); a resumed stage counts from its resume.\n")
-    return "\n".join(lines) + note + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else "")
+    failed = "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
+                     for seed, message in summary.get("failed", {}).items())
+    return ("\n".join(lines) + note + failed
+            + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))

@@ -28,9 +28,28 @@ def bench(tmp_path_factory):
     dev = datasets.Dataset.from_dict({"sentence": SENTENCES * 4, "label": [1, 0, 1, 0, 1, 0] * 4})
     config = BenchmarkConfig(batch_sizes=[1, 4], seq_lengths=[8, 16], num_warmup=1, min_repeats=3, max_repeats=5,
                              num_threads=1)
+    THREADS["before"] = torch.get_num_threads()
     report = run_benchmark(root / "teacher", {"small": (root / "small", "random")}, get_task("sst2"), dev, config,
                            root / "out", max_seq_length=16)
+    THREADS["after"] = torch.get_num_threads()
     return root, report
+
+
+THREADS: dict[str, int] = {}
+
+
+def test_the_thread_count_it_timed_at_is_not_left_behind(bench):
+    assert THREADS["after"] == THREADS["before"]  # the process's count, not the benchmark's 1
+
+
+def test_p90_and_the_stop_rule_interpolate_as_the_report_does():
+    from distill.benchmark import _p90, _spread
+    from distill.report import latency_summary
+
+    times = [10.0] * 9 + [30.0]  # one slow run in ten is not the 90th percentile
+    assert _p90(times) == pytest.approx(latency_summary(times)["p90"]) == pytest.approx(12.0)
+    assert _spread(times) == pytest.approx(0.2)
+    assert _p90([5.0]) == 5.0 and _spread([5.0]) == 0.0
 
 
 def test_every_model_and_variant_is_a_row_with_all_columns(bench):

@@ -5,6 +5,7 @@ pipeline on a tiny QA teacher."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -122,13 +123,50 @@ def test_a_long_context_becomes_overlapping_features_and_the_answer_is_found_in_
     assert set(windows[0]) & set(windows[1])  # consecutive windows overlap
 
 
-def test_a_stride_that_leaves_no_room_for_the_context_is_one_clear_error(tiny_tokenizer):
+def test_a_stride_that_leaves_no_room_for_a_question_is_one_clear_error(tiny_tokenizer):
     import datasets
 
     rows = datasets.Dataset.from_dict({"question": ["what was the cast ?"], "context": [PARAGRAPHS[0][0]],
                                        "label": [{"text": ["great"], "answer_start": [GREAT]}]})
-    with pytest.raises(DataError, match=r"a question of 5 pieces leaves 8 of max_seq_length 16 .* doc_stride 12"):
+    with pytest.raises(DataError, match=r"max_seq_length 16 holds 3 special tokens and the doc_stride 12 .* no room"):
         tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=12)
+
+
+def test_only_a_question_too_long_for_its_window_is_cut_and_the_others_stay_whole(tiny_tokenizer, caplog):
+    import datasets
+
+    context = PARAGRAPHS[0][0]
+    long = "was the plot fun and was the story good and was the cast great"  # 14 pieces
+    rows = datasets.Dataset.from_dict({"question": ["what was the cast ?", long], "context": [context, context],
+                                       "label": [{"text": ["great"], "answer_start": [GREAT]}] * 2})
+    # 16 pieces, 3 special, a stride of 4: a question may have 8, so that a window holds 5 context pieces.
+    with caplog.at_level(logging.WARNING, logger="distill.tasks.question_answering"):
+        features = tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=4)
+    assert "1 question(s) longer than 8 pieces cut to their first 8" in caplog.text
+
+    def question(feature):  # the pieces between [CLS] and the first [SEP]
+        ids = feature["input_ids"]
+        return tiny_tokenizer.decode(ids[1:ids.index(tiny_tokenizer.sep_token_id)])
+    by_example = {}
+    for feature in features:
+        by_example.setdefault(feature["labels"]["example"], []).append(feature)
+        assert len(feature["input_ids"]) <= 16
+    assert {question(f) for f in by_example[0]} == {"[UNK] was the cast [UNK]"}  # whole: 5 pieces
+    assert {question(f) for f in by_example[1]} == {"was the plot fun and was the story"}
+    # Every context piece of the long question's example is still in one of its windows.
+    covered = {tuple(s) for f in by_example[1] for s in f["labels"]["offsets"] if tuple(s) != NO_SPAN}
+    assert covered == {tuple(s) for f in by_example[0] for s in f["labels"]["offsets"] if tuple(s) != NO_SPAN}
+
+
+def test_the_reader_answers_several_questions_about_one_context(tiny_tokenizer):
+    reader = QuestionAnswerer(tiny_qa_teacher(), tiny_tokenizer, max_seq_length=16)
+    context = PARAGRAPHS[0][0]
+    several = reader(["what was the cast ?", "was the plot fun ?"], context)
+    assert several == [reader("what was the cast ?", context), reader("was the plot fun ?", context)]
+    with pytest.raises(ValueError, match="one question takes one context"):
+        reader("what was the cast ?", [context, context])
+    with pytest.raises(ValueError, match="2 questions but 3 contexts"):
+        reader(["a", "b"], [context] * 3)
 
 
 def test_the_span_loss_is_soft_cross_entropy_over_the_context_for_start_and_end():

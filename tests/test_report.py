@@ -8,6 +8,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 import run_distill
 from distill.config import ReportConfig
@@ -38,6 +39,18 @@ def test_latency_summary_gives_median_p10_p90_and_spread():
     summary = latency_summary([float(x) for x in range(1, 12)])  # 1..11 ms
     assert summary == {"median": 6.0, "p10": 2.0, "p90": 10.0, "spread": pytest.approx(8 / 6)}
     assert latency_summary([4.0]) == {"median": 4.0, "p10": 4.0, "p90": 4.0, "spread": 0.0}
+
+
+def test_timing_at_its_own_thread_count_puts_the_previous_count_back():
+    """A report timed at one thread must not leave the stages after it (the next seed's training) on one thread."""
+    from distill.report import time_models
+
+    before = torch.get_num_threads()
+    wanted = 1 if before > 1 else 2
+    timed = time_models({"tiny": tiny_bert()}, ReportConfig(batch_sizes=[1], seq_length=8, num_warmup=0,
+                                                           num_repeats=2, num_threads=wanted))
+    assert timed["tiny"]["latency_ms"]["batch_1"]["median"] > 0
+    assert torch.get_num_threads() == before
 
 
 def test_faster_by_comes_with_its_range_and_report_md_says_task_data_and_config(tmp_path):

@@ -111,3 +111,33 @@ def test_a_bad_seeds_run_is_refused_before_anything_runs(tmp_path, capsys, flags
                              str(tmp_path / "x"), *flags])
     assert code == 2 and message in capsys.readouterr().err
     assert not list((tmp_path / "x").glob("seed-*"))
+
+
+def test_a_failing_seed_does_not_stop_the_others_and_the_finished_ones_are_summarised(tmp_path, monkeypatch, capsys):
+    import distill.seeds as seeds
+    from teachers import ModelError
+
+    ran = []
+
+    def pipeline(config, device=None):  # the runs themselves are tested above; here only what a failure does
+        seed = config.distill.prediction.seed
+        ran.append(seed)
+        if seed == 43:
+            raise ModelError("the fine-tuned teacher scores accuracy 0.5000 on dev, at or below chance")
+        return _report({"accuracy": 0.80}, {"accuracy": 0.78 + seed / 10000}, {"teacher": 60, "student": 120})
+
+    monkeypatch.setattr(seeds, "run_pipeline", pipeline)
+    out = tmp_path / "seeds"
+    config = load_config(str(ROOT / "configs" / "smoke.yaml"), {"output_dir": str(out)})
+    with pytest.raises(seeds.SeedsFailedError, match=r"1 of 3 seeds failed \(seed 43: ModelError: the fine-tuned"):
+        run_seeds(config, [42, 43, 44])
+    assert ran == [42, 43, 44]  # seed 44 ran after seed 43 failed
+    saved = json.loads((out / "seeds.json").read_text())
+    assert [run["seed"] for run in saved["runs"]] == [42, 44] and list(saved["failed"]) == ["43"]
+    assert saved["over_seeds"]["student"]["accuracy"]["mean"] == pytest.approx(0.78 + 43 / 10000)
+    assert "Seed 43 failed, not in the table: ModelError" in (out / "seeds.md").read_text()
+    # The command prints the summary of the seeds that finished, names the failure and exits non-zero.
+    code = run_distill.main(["seeds", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(out),
+                             "--seeds", "42", "43"])
+    captured = capsys.readouterr()
+    assert code == 1 and "| 42 |" in captured.out and "seed 43: ModelError" in captured.err

@@ -118,9 +118,14 @@ def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizer
         ``{"example": question index, "offsets": [[char_start, char_end] per piece, [-1, -1] outside the context],
         "context": str, "answers": [str]}`` for scoring.
 
+    A question longer than ``max_seq_length`` leaves room for (more than ``doc_stride`` context pieces a window) is
+    cut to its first pieces that fit, as BERT's ``run_squad.py`` cuts questions to ``max_query_length``, and the cut
+    is logged; every other question is kept whole. (The check is per question: one long question does not stop the
+    others, and the windowing needs it, since a window no longer than its stride would never advance.)
+
     Raises:
-        DataError: a slow tokenizer (no offsets), or a question so long that the context's window would be no
-            longer than ``doc_stride``.
+        DataError: a slow tokenizer (no offsets), or ``max_seq_length`` too short to hold the special tokens, one
+            question piece and more than ``doc_stride`` context pieces.
     """
     from distill.data import DataError
 
@@ -129,15 +134,19 @@ def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizer
                         "not one: load the model's tokenizer with use_fast=True")
 
     specials = tokenizer.num_special_tokens_to_add(pair=True)
+    longest_question = max_seq_length - specials - doc_stride - 1  # pieces; the context then gets doc_stride + 1
+    if longest_question < 1:
+        raise DataError(f"max_seq_length {max_seq_length} holds {specials} special tokens and the doc_stride "
+                        f"{doc_stride} that windows share, with no room for a question: raise task.max_seq_length "
+                        "(run_qa.py: 384 with a stride of 128)")
 
     def encode(batch: dict, indices: list[int]) -> dict:
         questions = [q.lstrip() for q in batch["question"]]  # leading spaces only waste pieces (run_qa.py)
-        longest = max(map(len, tokenizer(questions, add_special_tokens=False)["input_ids"]), default=0)
-        if max_seq_length - specials - longest <= doc_stride:
-            raise DataError(f"a question of {longest} pieces leaves {max_seq_length - specials - longest} of "
-                            f"max_seq_length {max_seq_length} for the context, not more than the doc_stride "
-                            f"{doc_stride} that windows share; raise task.max_seq_length (run_qa.py: 384 with a "
-                            "stride of 128)")
+        cut = _cut_questions(questions, tokenizer, longest_question)
+        if cut:
+            logger.warning("%d question(s) longer than %d pieces cut to their first %d (max_seq_length %d, "
+                           "doc_stride %d; run_squad.py's max_query_length does the same)", cut, longest_question,
+                           longest_question, max_seq_length, doc_stride)
         encoded = tokenizer(questions, batch["context"], truncation="only_second", max_length=max_seq_length,
                             stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)
         features: dict[str, list] = {"start_positions": [], "end_positions": [], "context_mask": [], "labels": []}
@@ -159,6 +168,21 @@ def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizer
         return {**encoded, **features}
 
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc="tokenize")
+
+
+def _cut_questions(questions: list[str], tokenizer: PreTrainedTokenizerBase, limit: int) -> int:
+    """Cut, in place, each question of more than ``limit`` pieces at the end of its ``limit``-th piece's characters
+    (again, one piece shorter, where the cut text tokenises longer); returns how many were cut."""
+    cut = 0
+    for k, offsets in enumerate(tokenizer(questions, add_special_tokens=False,
+                                          return_offsets_mapping=True)["offset_mapping"]):
+        keep = limit
+        while len(offsets) > limit and keep > 0:
+            questions[k] = questions[k][:offsets[keep - 1][1]]
+            offsets = tokenizer(questions[k], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            keep -= 1
+        cut += keep < limit
+    return cut
 
 
 def _answer_pieces(spans: list[list[int]], char_start: int, length: int, cls: int) -> tuple[int, int]:
@@ -363,8 +387,9 @@ class QuestionAnswerer:
             ``task.max_seq_length`` of the pipeline run that made a student folder, else 384.
         device: where a PyTorch model runs (default: where its weights are; ONNX files run on the CPU).
 
-    Call with a question and a context (or lists of both); returns {"answer", "start", "end", "score"} (characters
-    of the context, end exclusive; score as in :func:`answers`), or a list of them.
+    Call with a question and a context, a list of questions and one context they share, or lists of both (one
+    context per question); returns {"answer", "start", "end", "score"} (characters of the context, end exclusive;
+    score as in :func:`answers`), or a list of them. Raises ValueError for other shapes.
     """
 
     def __init__(self, model, tokenizer=None, max_seq_length: int | None = None, device=None):
@@ -389,9 +414,13 @@ class QuestionAnswerer:
         from distill.evaluate import predict
 
         single = isinstance(question, str)
-        questions, contexts = ([question], [context]) if single else (list(question), list(context))
+        if single and not isinstance(context, str):
+            raise ValueError("one question takes one context (a str); for several contexts give a question for each")
+        questions = [question] if single else list(question)
+        contexts = [context] * len(questions) if isinstance(context, str) else list(context)
         if len(questions) != len(contexts):
-            raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
+            raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts: give one context for each "
+                             "question, or one context (a str) that they all share")
         if not questions:
             return []
         rows = datasets.Dataset.from_dict({"question": questions, "context": contexts,
