@@ -159,22 +159,29 @@ def _budget(train: TrainConfig) -> str:
 def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResult]:
     """The ``model-index`` results: the hub dataset and split only when the dev set is the hub's (the hub, or the
     bundled copy of GLUE's dev file), with the slice a ``task.max_eval_examples`` subset took; any other dev set by
-    the task's name and its own description."""
+    the task's name and its own description. Each metric is filed under its own dev set (MNLI's ``*_mismatched``
+    metrics under ``validation_mismatched``)."""
+    hub_splits = {"dev": spec.hub_dev_split, **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}
     on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
-    if on_hub:
-        used, available = data["num_examples"]["dev"], data["num_available"]["dev"]
-        subset = used < available
-        hub = {"dataset_type": hub_dataset_id(spec),
-               **({"dataset_config": spec.name} if spec.hub[0] == "glue" else {})}
-        names = {**hub,
-                 "dataset_split": spec.hub_dev_split + (f"[:{used}]" if subset else ""),
-                 "dataset_name": f"{spec.name} (dev" + (f", first {used} of {available} examples)" if subset else ")")}
-    else:
-        where = f": {data['location']}, {data['num_examples']['dev']} examples" if data else ""
-        names = {"dataset_type": spec.name, "dataset_split": "dev", "dataset_name": f"{spec.name} (dev{where})"}
-    return [EvalResult(task_type=spec.type.card_task(spec),
-                       metric_type=name, metric_value=round(float(value), 4), **names)
-            for name, value in dev.items()]
+    results = []
+    for name, value in dev.items():
+        split = next((key for key, suffix in spec.dev_splits.items() if suffix and name.endswith(suffix)), "dev")
+        label = "dev" if split == "dev" else f"dev, {split.removeprefix('dev_')}"
+        if on_hub and split in data["num_examples"]:
+            used, available = data["num_examples"][split], data["num_available"][split]
+            subset = used < available
+            names = {"dataset_type": hub_dataset_id(spec),
+                     **({"dataset_config": spec.name} if spec.hub[0] == "glue" else {}),
+                     "dataset_split": hub_splits[split] + (f"[:{used}]" if subset else ""),
+                     "dataset_name": f"{spec.name} ({label}"
+                                     + (f", first {used} of {available} examples)" if subset else ")")}
+        else:
+            where = (f": {data['location']}, {data['num_examples'][split]} examples"
+                     if data and split in data["num_examples"] else "")
+            names = {"dataset_type": spec.name, "dataset_split": split, "dataset_name": f"{spec.name} ({label}{where})"}
+        results.append(EvalResult(task_type=spec.type.card_task(spec), metric_type=name,
+                                  metric_value=round(float(value), 4), **names))
+    return results
 
 
 def _latency(value) -> str:

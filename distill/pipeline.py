@@ -531,14 +531,16 @@ def stages_used(config: PipelineConfig) -> list[str]:
 
 
 def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, student_record: dict, out: Path, *,
-                 device: torch.device, chance: dict | None = None, run: dict | None = None) -> dict:
+                 device: torch.device, chance: dict | None = None, run: dict | None = None, write: bool = True) -> dict:
     """Time teacher and student interleaved on the CPU (and on ``device`` too when it is an accelerator) and write
     ``report.json`` / ``report.md``.
 
     A re-run whose models (the teacher and student stages' run ids) and timing setup are those ``report.json`` was
     timed with reuses that timing (:func:`distill.report.timing_key`), so the same models do not get new latency
     numbers on every run; the report says when they were timed. ``chance`` (:func:`teachers.finetune.chance`) flags
-    a model at chance; ``run`` (task, data, config) heads report.md (see :func:`distill.report.build_report`)."""
+    a model at chance; ``run`` (task, data, config) heads report.md (see :func:`distill.report.build_report`).
+    ``write=False``: build the report without writing it (a multi-process job's other processes, which reuse the
+    timing its main process wrote)."""
     _banner("report", out)
     accelerator = device.type if is_accelerator(device) else None
     key = timing_key({"teacher": teacher_record["run_id"], "student": student_record["run_id"]}, config.report,
@@ -568,7 +570,8 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
             entries[name].update(values)
     report = build_report(entries, config.report, accelerator=accelerator,
                           stages=stage_seconds(out, stages_used(config)), chance=chance, run=run, timed=timed)
-    write_report(report, out)
+    if write:
+        write_report(report, out)
     return report
 
 
@@ -736,13 +739,21 @@ def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
 def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out, device=device)
-    report = report_stage(config, spec, teacher_record, student_record, out, device=device,
-                          chance=chance(spec, dev_labels(data, spec)), run=run_record(spec, source, out))
-    general = json.loads((out / "general.json").read_text(encoding="utf-8"))
-    step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
-    recipe = _recipe(config, spec, teacher_record, general, step1, train_data, student_record)
-    publish_stage(config, spec, data, out, report, recipe,
-                  command or f"python run_distill.py pipeline --config {out / 'config.json'}")
+    # Under a multi-process launch the main process times the models and writes the report, the ONNX files and the
+    # card; the others then build the same report from the timing it stored (no second timing on shared cores, no
+    # two writers of one file).
+    processes = PartialState()
+    with processes.main_process_first():
+        report = report_stage(config, spec, teacher_record, student_record, out, device=device,
+                              chance=chance(spec, dev_labels(data, spec)), run=run_record(spec, source, out),
+                              write=processes.is_main_process)
+    if processes.is_main_process:
+        general = json.loads((out / "general.json").read_text(encoding="utf-8"))
+        step1 = json.loads((out / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
+        recipe = _recipe(config, spec, teacher_record, general, step1, train_data, student_record)
+        publish_stage(config, spec, data, out, report, recipe,
+                      command or f"python run_distill.py pipeline --config {out / 'config.json'}")
+    processes.wait_for_everyone()
     return report
 
 

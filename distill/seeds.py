@@ -119,7 +119,8 @@ def summarize(reports: dict[int, dict]) -> dict:
         "student": {...}, "retained": {metric: value or None}, "task_minutes", "resumed"}, ...], "over_seeds":
         {"teacher" | "student" | "retained": {metric: {"mean", "std", "min", "max", "n"}}, "task_minutes": {...}}}.
         ``std`` is the sample standard deviation (n - 1), 0 for one seed; ``n`` counts the runs with a value
-        (retained is left out where the teacher's metric is at or below 0). ``task_minutes`` leaves out general
+        (retained is left out where the teacher's metric is at or below 0, and where the run's report gives no share
+        because a model is at chance: its ``retained_note`` says so). ``task_minutes`` leaves out general
         distillation, made once and reused; ``resumed``: a stage of the run resumed an interrupted process, so its
         time counts from the resume.
     """
@@ -127,8 +128,10 @@ def summarize(reports: dict[int, dict]) -> dict:
     for seed, report in reports.items():
         teacher, student = report["models"]["teacher"]["dev"], report["models"]["student"]["dev"]
         stages = report["timing"].get("stage_seconds", {})
+        note = report["models"]["student"].get("retained_note")  # a model at chance: no share means anything
         runs.append({"seed": seed, "teacher": dict(teacher), "student": dict(student),
-                     "retained": {m: _retained(student[m], teacher[m]) for m in teacher},
+                     "retained": {m: None if note else _retained(student[m], teacher[m]) for m in teacher},
+                     "retained_note": note,
                      "task_minutes": task_seconds(stages) / 60,
                      "resumed": any(entry["resumed"] for entry in stages.values())})
     metrics = list(runs[0]["teacher"])
@@ -159,7 +162,8 @@ def seeds_markdown(summary: dict) -> str:
               *[f"retained {m}" for m in metrics], "task stages (min)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in summary["runs"]:
-        retained = ["-" if run["retained"][m] is None else f"{100 * run['retained'][m]:.1f}%" for m in metrics]
+        retained = [("n/a" if run.get("retained_note") else "-") if run["retained"][m] is None
+                    else f"{100 * run['retained'][m]:.1f}%" for m in metrics]
         minutes = f"{run['task_minutes']:.1f}" + (" (resumed)" if run["resumed"] else "")
         lines.append("| " + " | ".join([str(run["seed"]), *[f"{run['teacher'][m]:.4f}" for m in metrics],
                                         *[f"{run['student'][m]:.4f}" for m in metrics], *retained, minutes]) + " |")
@@ -177,7 +181,9 @@ def seeds_markdown(summary: dict) -> str:
             "retained is the student's dev metric over its own run's teacher's (left out where the teacher's is at or "
             f"below 0; n counts the runs that have it); {spread_said}. Task stages: wall time of the stages each run "
             "ran, general distillation left out (made once, reused); a resumed stage counts from its resume.\n")
-    failed = "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
+    failed = "".join(f"\nSeed {run['seed']}: retained {run['retained_note']}\n"
+                     for run in summary["runs"] if run.get("retained_note"))
+    failed += "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
                      for seed, message in summary.get("failed", {}).items())
     return ("\n".join(lines) + note + failed
             + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))

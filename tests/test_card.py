@@ -171,6 +171,23 @@ def test_the_card_names_the_hub_split_only_for_the_data_that_was_used():
         assert card.eval_results[0].dataset_split == "dev"
 
 
+def test_each_mnli_metric_is_filed_under_its_own_dev_set():
+    from distill.card import _eval_results
+    from distill.data import get_task
+
+    data = {"kind": "hub", "location": "glue/mnli", "num_examples": {"train": 100, "dev": 100, "dev_mismatched": 9832},
+            "num_available": {"train": 392702, "dev": 9815, "dev_mismatched": 9832}}
+    results = {r.metric_type: r for r in _eval_results(get_task("mnli"), {"accuracy": 0.8, "accuracy_mismatched": 0.81},
+                                                       data)}
+    assert results["accuracy"].dataset_split == "validation_matched[:100]"
+    assert results["accuracy"].dataset_name == "mnli (dev, first 100 of 9815 examples)"
+    assert results["accuracy_mismatched"].dataset_split == "validation_mismatched"
+    assert results["accuracy_mismatched"].dataset_name == "mnli (dev, mismatched)"
+    local = _eval_results(get_task("mnli"), {"accuracy_mismatched": 0.81}, {**data, "kind": "local"})
+    assert (local[0].dataset_split, local[0].dataset_name) == ("dev_mismatched", "mnli (dev, mismatched: glue/mnli, "
+                                                                                 "9832 examples)")
+
+
 def test_a_teacher_or_student_at_chance_gets_no_retained_share_on_the_card():
     """Finding 2 of issue 27: "93.3% retained" was printed for a teacher at chance."""
     chance = {"metric": "accuracy", "value": 0.684, "basis": "majority class 'equivalent'"}

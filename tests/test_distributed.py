@@ -99,3 +99,28 @@ def test_general_distillation_command_runs_on_two_processes(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
     torch.testing.assert_close(load_file(ddp / "projections.safetensors")["hidden.weight"],
                                load_file(single / "projections.safetensors")["hidden.weight"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU process group of a machine without CUDA")
+def test_the_pipeline_on_two_processes_times_and_writes_its_report_once(tmp_path):
+    """Under `accelerate launch` every process runs the job; only the main one times the models and writes the
+    report, the ONNX file and the card, and the others report the same figures from its stored timing."""
+    import json
+
+    import yaml
+    from transformers import BertTokenizer
+
+    from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job
+    from tests.glue_fixtures import write_glue_folder
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    path = tiny_job(tmp_path, tiny_bert(), tokenizer, task={"data_dir": str(write_glue_folder(tmp_path, "sst2"))},
+                    export={"onnx": True, "int8": False})
+    job = yaml.safe_load(open(path))
+    _launch([sys.executable, str(ROOT / "run_distill.py"), "pipeline", "--config", path], 2, use_cpu_flag=True)
+    out = Path(job["output_dir"])
+    report = json.loads((out / "report.json").read_text())
+    assert report["student"]["timing"]["reused"] is False  # timed once, by the main process, and written once
+    assert (out / "student" / "onnx" / "model.onnx").is_file() and (out / "student" / "README.md").is_file()
+    log = (out / "run.log").read_text()
+    assert log.count("these models were timed") == 1  # the second process reused the main process's timing

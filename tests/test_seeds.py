@@ -57,6 +57,18 @@ def test_retained_is_left_out_where_the_teacher_metric_is_not_positive():
     assert "| 2 | -0.1000 | 0.2000 | - |" in table and "| 75.0% (n=1) |" in table
 
 
+def test_a_run_whose_report_gives_no_share_at_chance_gives_none_to_the_mean_either():
+    at_chance = _report({"accuracy": 0.684}, {"accuracy": 0.640}, {})
+    at_chance["models"]["student"]["retained_note"] = "n/a — teacher at chance (0.684 = majority class 'equivalent')"
+    summary = summarize({1: _report({"accuracy": 0.8}, {"accuracy": 0.76}, {}), 2: at_chance})
+    assert summary["runs"][1]["retained"] == {"accuracy": None}
+    assert summary["over_seeds"]["retained"]["accuracy"]["n"] == 1
+    assert summary["over_seeds"]["retained"]["accuracy"]["mean"] == pytest.approx(0.95)
+    table = seeds_markdown(summary)
+    assert "| 2 | 0.6840 | 0.6400 | n/a |" in table and "| 95.0% (n=1) |" in table
+    assert "Seed 2: retained n/a — teacher at chance" in table
+
+
 def test_one_seed_has_no_spread_rows():
     """One run has no standard deviation: the summary shows its row and says so, not "± 0"."""
     table = seeds_markdown(summarize({44: _report({"f1": 0.6571}, {"f1": 0.6382}, {"teacher": 600})}))

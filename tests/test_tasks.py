@@ -305,3 +305,13 @@ def test_a_regression_student_keeps_problem_type_and_pipeline_returns_its_score(
         raw = student(**tokenizer("the movie was good", return_tensors="pt")).logits[0, 0].item()
     score = pipeline("text-classification", model=str(folder), device="cpu")("the movie was good")[0]["score"]
     assert score == pytest.approx(raw, abs=1e-5)
+
+
+def test_the_export_check_compares_regression_scores_instead_of_calling_them_all_the_same():
+    spec, pairs = get_task("stsb"), get_task("mrpc")
+    reference = np.array([[0.2], [2.5], [4.8], [3.0]])  # scores spanning 4.6: within 0.046 is the same
+    moved = reference + np.array([[0.0], [0.04], [-0.05], [1.0]])
+    assert spec.type.same_prediction(moved, reference, spec).tolist() == [True, True, False, False]
+    logits = np.array([[0.1, 0.9], [0.8, 0.2]])
+    assert pairs.type.same_prediction(logits[::-1], logits, pairs).tolist() == [False, False]
+    assert pairs.type.same_prediction(logits + 0.1, logits, pairs).tolist() == [True, True]
