@@ -139,8 +139,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
                                 "with int8 and ONNX Runtime variants")
-    _common(bench, "sst2_minilm.yaml (give the config the students were made with: it sets the task, its data "
-            "and dev subset)")
+    _common(bench, "the config.json of the pipeline output folder that --teacher names or is in, else "
+            "sst2_minilm.yaml (the config the students were made with sets the task, its data and dev subset)")
     bench.add_argument("--teacher", required=True, help="teacher checkpoint folder, or a pipeline output folder")
     bench.add_argument("--student", action="append", required=True, help="student checkpoint folder or pipeline "
                        "output folder (repeat for several)")
@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
     overrides = {"output_dir": getattr(args, "output_dir", None)}
     if args.command == "export":
         config_file, overrides["output_dir"] = _export_config(args, config_file)
+    if args.command == "benchmark":
+        config_file = _run_config(args.teacher, args.config, config_file, "the teacher")
     recipe = _task_recipe(getattr(args, "task", None))
     if args.config is None and args.command in ("pipeline", "seeds") and recipe is not None:
         config_file = str(DEFAULT_CONFIG.with_name(recipe[0]))
@@ -290,11 +292,21 @@ def _export_config(args: argparse.Namespace, config_file: str) -> tuple[str, str
     from distill.export import pipeline_folder_of
 
     run = pipeline_folder_of(Path(args.student))
-    if args.config is None and run is not None:
-        config_file = str(run / "config.json")
-        print(f"config: {config_file}, the config the student was made with (--config FILE for another)",
-              file=sys.stderr)
-    return config_file, str(run if run is not None else Path(args.student))
+    return _run_config(args.student, args.config, config_file, "the student"), str(
+        run if run is not None else Path(args.student))
+
+
+def _run_config(model: str, given: str | None, config_file: str, role: str) -> str:
+    """Without --config, the config.json of the pipeline output folder that ``model`` names or is in (the task, data
+    and dev subset it was made for), else ``config_file``."""
+    from distill.export import pipeline_folder_of
+
+    run = pipeline_folder_of(Path(model))
+    if given is not None or run is None:
+        return config_file
+    print(f"config: {run / 'config.json'}, the config {role} was made with (--config FILE for another)",
+          file=sys.stderr)
+    return str(run / "config.json")
 
 
 def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> int:
@@ -437,16 +449,13 @@ def _model_folder(given: str, stage: str) -> tuple[Path, str]:
 
 
 def run_benchmark_command(config, args) -> int:
-    from distill.benchmark import run_benchmark
+    from distill.benchmark import run_benchmark, unique_name
     from distill.data import load_task_data, task_spec
 
     teacher, _ = _model_folder(args.teacher, "teacher")
     students = {}
     for given in args.student:
-        folder, init = _model_folder(given, "student")
-        name = Path(given).name
-        name = name if name not in students and name != "teacher" else f"{name}_{len(students) + 1}"
-        students[name] = (folder, init)
+        students[unique_name(Path(given).name, {"teacher", *students})] = _model_folder(given, "student")
     spec = task_spec(config.task)
     dev = load_task_data(config.task, spec)["dev"]
     out = Path(args.output_dir) if args.output_dir else Path(config.output_dir) / "benchmark"

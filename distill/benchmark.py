@@ -250,6 +250,16 @@ def resolve_model_folder(path: Path, stage: str) -> tuple[Path, str]:
     return path, init
 
 
+def unique_name(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... when it is taken (two ``.../student`` folders, a sweep entry's name):
+    a benchmark row's name is its key, and a second model under one name would replace the first silently."""
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name}_{number}"
+    return candidate
+
+
 def run_benchmark(
     teacher: Path, students: dict[str, tuple[Path, str]], spec: TaskSpec, dev, config: BenchmarkConfig,
     output_dir: Path, max_seq_length: int, device: torch.device | None = None,

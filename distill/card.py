@@ -259,7 +259,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
     ]
     if export:
         sections.append(_export_section(export))
-    sections += ["## Use", f"```python\n{spec.type.usage('PATH_OR_REPO')}\n```"]
+    sections += ["## Use", f"```python\n{spec.type.usage('PATH_OR_REPO', spec)}\n```"]
     return ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
 
 

@@ -252,6 +252,8 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     if int8:
         quantize_onnx(out / FILES["onnx"], out / FILES["onnx-int8"])
         names.append(FILES["onnx-int8"])
+    else:  # an int8 file of earlier weights must not ship (or be uploaded) beside the new graph
+        (out / FILES["onnx-int8"]).unlink(missing_ok=True)
     model.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)

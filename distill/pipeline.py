@@ -652,7 +652,7 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
 
 
 def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict:
-    from distill.benchmark import resolve_model_folder, run_benchmark
+    from distill.benchmark import resolve_model_folder, run_benchmark, unique_name
 
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     students = {}
@@ -664,8 +664,7 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         students[name] = (out / "students" / name / "student",
                           describe_init(student_config.student, student_config.distill.layer_map))
     for extra in config.benchmark.students:
-        folder, init = resolve_model_folder(Path(extra), "student")
-        students[Path(extra).name] = (folder, init)
+        students[unique_name(Path(extra).name, {"teacher", *students})] = resolve_model_folder(Path(extra), "student")
     _banner("benchmark", out / "benchmark")
     report = run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
                            config.task.max_seq_length, device=device)

@@ -117,6 +117,15 @@ def test_the_export_command_writes_the_files_and_the_benchmark_times_them(finish
     paths = {row["name"]: row["path"] for row in report["rows"]}
     assert paths["student (onnx)"] == str(student / "onnx" / "model.onnx")  # the student's own file, not a new one
     assert paths["student (onnx-int8)"] == str(student / "onnx" / "model_quantized.onnx")
+    # New weights exported without int8: the int8 file of the old weights goes, it is not left to ship beside them.
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(student / "model.safetensors")
+    name = next(iter(weights))
+    save_file({**weights, name: weights[name] + 0.01}, student / "model.safetensors", metadata={"format": "pt"})
+    assert run_distill.main(args[:3] + args[4:]) == 0  # without --int8
+    assert (student / "onnx" / "model.onnx").is_file() and not (student / "onnx" / "model_quantized.onnx").exists()
+    assert "model_quantized.onnx" not in ModelCard.load(student / "README.md").text
 
 
 def test_the_card_lists_the_loss_weights_that_ran_and_not_the_relation_term(finished):
@@ -281,3 +290,26 @@ def test_the_card_gives_the_temperature_as_it_ran_and_none_for_regression(finish
         "'prediction': 1.0}; temperature 2.0 (loss × T²)")
     assert recipe_lines(config, record, general, step1, 10, step2)[-2].endswith("; temperature 1.0")
     assert "temperature" not in recipe_lines(squared, record, general, step1, 10, step2, regression=True)[-2]
+
+
+def test_the_benchmark_command_reads_the_config_the_teacher_was_made_with(finished, tmp_path, capsys):
+    """Without --config, a pipeline folder's teacher is scored on that run's task and dev set, not on SST-2's."""
+    config, out = finished
+    sets = ["benchmark.batch_sizes=[1]", "benchmark.seq_lengths=[8]", "benchmark.num_warmup=1",
+            "benchmark.min_repeats=1", "benchmark.max_repeats=1", "benchmark.memory=false"]
+    args = ["benchmark", "--teacher", str(out), "--student", str(out), "--student", str(out / "student"),
+            "--no-compress", "--output-dir", str(tmp_path / "bench")] + [a for s in sets for a in ("--set", s)]
+    assert run_distill.main(args) == 0
+    assert f"config: {out / 'config.json'}, the config the teacher was made with" in capsys.readouterr().err
+    rows = {row["name"]: row for row in json.loads((tmp_path / "bench" / "benchmark.json").read_text())["rows"]}
+    assert list(rows) == ["teacher", "run", "student"]
+    student = json.loads((out / "student" / "stage.json").read_text())["dev"]["accuracy"]
+    assert rows["run"]["accuracy"] == rows["student"]["accuracy"] == pytest.approx(student)  # the run's 6 dev examples
+
+
+def test_a_benchmark_row_name_that_is_taken_gets_a_number():
+    from distill.benchmark import unique_name
+
+    assert unique_name("student", {"teacher"}) == "student"
+    assert unique_name("student", {"teacher", "student", "student_2"}) == "student_3"
+    assert unique_name("teacher", {"teacher"}) == "teacher_2"

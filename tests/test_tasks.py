@@ -315,3 +315,20 @@ def test_the_export_check_compares_regression_scores_instead_of_calling_them_all
     logits = np.array([[0.1, 0.9], [0.8, 0.2]])
     assert pairs.type.same_prediction(logits[::-1], logits, pairs).tolist() == [False, False]
     assert pairs.type.same_prediction(logits + 0.1, logits, pairs).tolist() == [True, True]
+
+
+def test_the_cards_usage_passes_a_pair_tasks_two_texts_and_the_pipeline_takes_them(tmp_path, tiny_tokenizer):
+    from transformers import pipeline
+
+    pairs, single = get_task("mrpc"), get_task("sst2")
+    code = pairs.type.usage("PATH", pairs)
+    assert '"text_pair"' in code and '"text_pair"' not in single.type.usage("PATH", single)
+    model = tiny_bert()
+    model.save_pretrained(tmp_path / "model")
+    tiny_tokenizer.save_pretrained(tmp_path / "model")
+    printed = []
+    exec(code.replace("PATH", str(tmp_path / "model")), {"print": printed.append})  # the card's code, as written
+    (result,) = printed
+    classify = pipeline("text-classification", model=str(tmp_path / "model"))
+    expected = classify({"text": "A man is playing a guitar.", "text_pair": "A person plays an instrument."})
+    assert result == expected and result["label"] in model.config.id2label.values()

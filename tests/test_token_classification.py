@@ -54,6 +54,9 @@ def test_conll_sentences_split_on_blank_and_tab_only_lines_and_tags_map_to_ids(t
     data = read_conll(path, TAGS)
     assert data["tokens"] == [["the", "actor"], ["wonderful"], ["a", "movie"]]
     assert data["label"] == [[0, 1], [0], [0, 3]]
+    # Columns split at tabs and spaces, not at a no-break space inside a word; runs of spaces are one separator.
+    path.write_text("10\u00a0000\tO\nthe   actor  B-person\r\n", encoding="utf-8")
+    assert read_conll(path, TAGS)["tokens"] == [["10\u00a0000", "the"]] and read_conll(path, TAGS)["label"] == [[0, 1]]
 
 
 def test_conll_errors_name_the_file_line_and_tag(tmp_path):

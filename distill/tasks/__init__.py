@@ -102,8 +102,9 @@ class TaskType:
         """The model card's ``model-index`` task type (hub vocabulary)."""
         return self.pipeline_tag
 
-    def usage(self, model: str) -> str:
-        """Python that runs the student through ``transformers.pipeline`` (the model card's "Use" section)."""
+    def usage(self, model: str, spec: "TaskSpec | None" = None) -> str:
+        """Python that runs the student through ``transformers.pipeline`` (the model card's "Use" section); ``spec``:
+        the task, where the call depends on it (a pair task's classifier takes both texts)."""
         raise NotImplementedError
 
     def replaceable_words(self, spec: "TaskSpec", replace_entities: bool = False) -> Callable[[dict], list[bool]] | None:
@@ -185,9 +186,13 @@ class SequenceClassification(TaskType):
     def card_task(self, spec):
         return "text-regression" if spec.is_regression else "text-classification"
 
-    def usage(self, model):
-        return (f'from transformers import pipeline\n\nclassify = pipeline("text-classification", model="{model}")\n'
-                'print(classify("a charming and often affecting journey"))')
+    def usage(self, model, spec=None):
+        start = f'from transformers import pipeline\n\nclassify = pipeline("text-classification", model="{model}")\n'
+        if spec is not None and len(spec.text_columns) == 2:  # a pair: both texts, as the model was trained on them
+            first, second = spec.text_columns
+            return start + (f'# {first} and {second}\nprint(classify({{"text": "A man is playing a guitar.", '
+                            '"text_pair": "A person plays an instrument."}))')
+        return start + 'print(classify("a charming and often affecting journey"))'
 
     def unlabelled_rows(self, spec, texts):
         if len(spec.text_columns) != 1:
@@ -280,7 +285,7 @@ class TokenClassification(TaskType):
         # recall and F1 are 0 (its word accuracy is the O rate, which is why accuracy is not the primary metric).
         return {"metric": spec.metrics[0], "value": 0.0, "basis": "every word tagged O (no entity found)"}
 
-    def usage(self, model):
+    def usage(self, model, spec=None):
         # "first": each word takes its first piece's tag, the piece the loss and the entity scores read (the other
         # pieces are never trained, so "simple" could serve a word's tail as another entity).
         return (f'from transformers import pipeline\n\ntag = pipeline("token-classification", model="{model}", '
@@ -386,7 +391,7 @@ class QuestionAnswering(TaskType):
         # which the refusal margin covers).
         return {"metric": spec.metrics[0], "value": 0.0, "basis": "no answer found"}
 
-    def usage(self, model):
+    def usage(self, model, spec=None):
         # transformers 5 has no question-answering pipeline (transformers 4's reads the checkpoint as it is).
         return (f'from distill import QuestionAnswerer\n\nanswer = QuestionAnswerer("{model}")  # or "{model}/onnx/'
                 'model.onnx"\nprint(answer(question="Where is the Empire State Building?", context="The Empire State '

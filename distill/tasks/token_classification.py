@@ -13,6 +13,7 @@ names, the entities themselves) by their piece count.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import datasets
@@ -53,7 +54,8 @@ def read_conll(path: str | Path, label_names: tuple[str, ...] | None = None) -> 
     try:  # utf-8-sig: a byte-order mark is not part of the first word
         with path.open(encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, start=1):
-                fields = line.split()
+                # Columns split at tabs and ASCII spaces only: a no-break space is part of a word ("10\u00a0000").
+                fields = [field for field in re.split(r"[ \t]+", line.strip(" \t\r\n")) if field]
                 if not fields or fields[0] == "-DOCSTART-":
                     if words:
                         sentences.append((words, tags))
