@@ -146,7 +146,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
                        "output folder (repeat for several)")
     bench.add_argument("--no-compress", action="store_true", help="skip the int8 / ONNX rows")
 
-    export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32, int8) checked on the "
+    export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32; int8 with --int8) checked on the "
                                  "dev set, and its model card")
     _common(export, "the config.json of the pipeline output folder that --student names or is in, else "
             "sst2_minilm.yaml", output_dir=False)
@@ -331,8 +331,10 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
             return 128 + error.signal_number
         print("interrupted: finished stages, checkpoints and augmentation shards are kept; re-run the same command to "
               "resume", file=sys.stderr)
-        # Ctrl-C: 128 + SIGINT, as a shell reports it; SIGTERM outside a training loop (_interrupt): 128 + SIGTERM.
-        return 128 + (signal.SIGTERM if error.args == (signal.SIGTERM.name,) else signal.SIGINT)
+        # Ctrl-C: 128 + SIGINT, as a shell reports it; SIGTERM outside a training loop (_interrupt), or a second one
+        # inside it ("second SIGTERM"): 128 + SIGTERM.
+        named = str(error.args[0]) if error.args else ""
+        return 128 + (signal.SIGTERM if named.split()[-1:] == [signal.SIGTERM.name] else signal.SIGINT)
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

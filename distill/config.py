@@ -520,7 +520,7 @@ def _field_default(item: dataclasses.Field) -> Any:
 
 def shipped_configs() -> Path:
     """The folder of the shipped configs: ``distill/configs/`` in an installed wheel (their package data), the
-    repository's ``configs/`` in a source checkout or an editable install (see docs/design.md, "Configs")."""
+    repository's ``configs/`` in a source checkout or an editable install (see docs/design.md, "The package: configs, command, logs")."""
     package = Path(__file__).resolve().parent
     installed = package / "configs"
     return installed if installed.is_dir() else package.parent / "configs"
