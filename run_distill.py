@@ -146,12 +146,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
                        "output folder (repeat for several)")
     bench.add_argument("--no-compress", action="store_true", help="skip the int8 / ONNX rows")
 
-    export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32; int8 with --int8) checked on the "
+    export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32, int8) checked on the "
                                  "dev set, and its model card")
     _common(export, "the config.json of the pipeline output folder that --student names or is in, else "
             "sst2_minilm.yaml", output_dir=False)
     export.add_argument("--student", required=True, help="student checkpoint folder, or a pipeline output folder")
-    export.add_argument("--int8", action="store_true", help="also write model_quantized.onnx (int8 weights)")
+    export.add_argument("--int8", action=argparse.BooleanOptionalAction, default=None,
+                        help="write model_quantized.onnx (int8 weights) too, or not (default: the config's export.int8, "
+                        "on in the shipped configs)")
 
     mlm = commands.add_parser("adapt-mlm", help="train a masked-LM head for an encoder that has none")
     mlm.add_argument("--config", help=f"{CONFIG_HELP}{', '.join(_shipped_names())}) whose mlm section is used; "
@@ -247,12 +249,18 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
                 "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": getattr(args, "output_dir", None)}
+    refused = _flags_not_for(args)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     if args.command == "export":
         config_file, overrides["output_dir"] = _export_config(args, config_file)
+        overrides["export.int8"] = args.int8
     if args.command == "benchmark":
         config_file = _run_config(args.teacher, args.config, config_file, "the teacher")
     recipe = _task_recipe(getattr(args, "task", None))
-    if args.config is None and args.command in ("pipeline", "seeds") and recipe is not None:
+    task_job = args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task")
+    if args.config is None and task_job and recipe is not None:
         config_file = str(DEFAULT_CONFIG.with_name(recipe[0]))
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
         print(f"config: configs/{recipe[0]}, {recipe[1]} (--config FILE for another)", file=sys.stderr)
@@ -284,6 +292,21 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
 def console_main() -> int:
     """The installed ``run-distill`` command."""
     return main(prog="run-distill")
+
+
+def _flags_not_for(args: argparse.Namespace) -> str | None:
+    """Why the command line gives a flag its command (or its ``distill --stage``) would ignore, or None."""
+    if args.command == "export" and not Path(args.student).exists():
+        return f"--student {args.student} does not exist; give a student folder or a pipeline output folder"
+    if args.command != "distill":
+        return None
+    stage_flags = {"general": ("corpus", "max_steps", "streaming"), "task": ("student", "task", "data_dir")}
+    other = "task" if args.stage == "general" else "general"
+    given = [f"--{name.replace('_', '-')}" for name in stage_flags[other] if getattr(args, name, None) is not None]
+    if not given:
+        return None
+    return (f"distill --stage {args.stage} does not take {', '.join(given)} (flags of --stage {other}); "
+            f"see run_distill.py distill --help")
 
 
 def _export_config(args: argparse.Namespace, config_file: str) -> tuple[str, str]:
@@ -474,7 +497,7 @@ def run_export_command(config, args) -> int:
     folder, _ = _model_folder(args.student, "student")
     spec = task_spec(config.task)
     record = export_student(folder, spec, load_task_data(config.task, spec)["dev"], config.task.max_seq_length,
-                            int8=args.int8)
+                            int8=config.export.int8)
     from distill.card import record_export
 
     record_export(folder, spec, record)

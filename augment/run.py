@@ -87,7 +87,8 @@ def run_augment(
         {"num_examples", "num_rows", "num_augmented", "seconds", "output", "sample" (first rows)}.
 
     Raises:
-        ConfigError: no masked LM given. DataError: unreadable input, missing or non-text columns (neither strings
+        ConfigError: no masked LM given, or a task whose labels word replacement would change (question
+        answering). DataError: unreadable input, missing or non-text columns (neither strings
         nor lists of strings). ValueError: ``replaceable`` given without exactly one word-list column.
         CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
     """
@@ -97,6 +98,11 @@ def run_augment(
     if config.mlm.model is None:
         raise ConfigError("mlm.model: augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; an encoder "
                           "without an MLM head gets one with `run_distill.py adapt-mlm`)")
+    if source is None and not task_spec(config.task).type.supports_augmentation:  # before any data is read
+        kind = task_spec(config.task).type
+        raise ConfigError(f"augment --task {config.task.name}: TinyBERT's word replacement would change the labels of "
+                          f"a {kind.description} (answers and their offsets); augment a classification or token "
+                          "classification task, or a table with --input")
     data, columns, identity = _input(config, source, text_columns, split)
     if source is None and replaceable is None:  # the task's own rule, as the pipeline's augmentation stage has it
         spec = task_spec(config.task)

@@ -419,6 +419,12 @@ class PipelineConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     sweep: list[SweepEntry] = field(default_factory=list)  # students of `run_distill.py sweep`
 
+    def __post_init__(self) -> None:
+        names = [entry.name for entry in self.sweep]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        _check(not twice, "sweep", f"student name(s) {twice} given more than once; each names its own folder")
+        _check("teacher" not in names, "sweep", "a student may not be named 'teacher' (the benchmark's teacher row)")
+
 
 
 def _convert(value: Any, annotation: Any, path: str) -> Any:
@@ -451,6 +457,8 @@ def _convert(value: Any, annotation: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return {_convert(k, key_type, path): _convert(v, item, f"{path}.{k}") for k, v in value.items()}
+    if annotation is str and value is False and path.endswith("mixed_precision"):
+        return "no"  # YAML 1.1 reads a bare `no` as false: `mixed_precision: no` means the string
     if annotation in (int, float) and (number := _number(value)) is not None:
         if annotation is float:
             return float(number)
@@ -505,6 +513,11 @@ def from_dict(cls: type, data: dict, path: str = "", base: Any = None) -> Any:
             kwargs[key] = from_dict(hints[key], value, where, base=default)
         else:
             kwargs[key] = _convert(value, hints[key], where)
+    missing = [name for name, f in fields.items() if f.init and name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"{where}{missing[0]}: required, and not given")
     try:
         return cls(**kwargs)
     except ConfigError as error:  # __post_init__ names the field; add where the dataclass sits
@@ -578,7 +591,13 @@ def load_config(
     if path is not None:
         path = resolve_config(path)
         text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ConfigError(f"{path}{where}: not valid YAML ({problem}); fix the file") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the config must be a YAML mapping, got {type(data).__name__}")
     _apply_overrides(data, {k: v for k, v in (overrides or {}).items() if v is not None or not ignore_none})

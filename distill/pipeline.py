@@ -48,7 +48,7 @@ from distill.checkpoint import (
 )
 from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict, with_overrides
 from distill.corpus import sample_lines
-from distill.data import DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
+from distill.data import DataError, DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
 from distill.export import export_student
@@ -172,13 +172,15 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
                     "augment.max_examples %s, augment.max_mlm_words %s); every example is kept as it is and no masked "
                     "LM is adapted", len(data["train"]), config.augment.max_rows, config.augment.max_examples,
                     config.augment.max_mlm_words)
-    mlm, mlm_id = mlm_stage(config, out, device=device) if copies else (None, mlm_run_id(config))
-    folder = out / "augmented"
-    run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_id})
+    # The masked LM's run id is known without it (mlm_run_id), so a finished augmented set is found before the masked
+    # LM is adapted: a deleted mlm/ folder is not trained again for a set that is already made.
+    whole, folder = config, out / "augmented"
+    run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id(config)})
     dev = dev_texts(data, spec) if config.augment.unlabelled else frozenset()  # never drawn as unlabelled text
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
         return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
+    mlm = mlm_stage(whole, out, device=device)[0] if copies else None
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
     augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
@@ -636,8 +638,11 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         The benchmark report.
 
     Raises:
-        FolderInUseError: another process is running a job in ``output_dir``.
+        FolderInUseError: another process is running a job in ``output_dir``. DataError: a ``benchmark.students``
+            folder that does not exist (checked before any stage runs).
     """
+    from distill.benchmark import resolve_model_folder
+
     if not config.sweep:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
     device = device if device is not None else run_device()
@@ -647,6 +652,11 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
         entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
         preflight(entries[entry.name])
+    for extra in config.benchmark.students:  # a wrong path is an error now, not after every student has trained
+        try:
+            resolve_model_folder(Path(extra), "student")
+        except FileNotFoundError as error:
+            raise DataError(f"benchmark.students: {error}") from None
     with output_lock(Path(config.output_dir)):
         return _sweep(config, entries, device)
 

@@ -170,3 +170,38 @@ def test_a_masked_lm_given_as_teacher_is_the_wrong_kind(tmp_path, tiny_tokenizer
     assert run_distill.main(["pipeline", "--teacher", str(tmp_path / "mlm"), "--output-dir", str(tmp_path / "run"),
                              "--set", "augment.enabled=false"]) == 2
     assert "is not a fine-tuned sequence classifier (architectures: ['BertForMaskedLM'])" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["distill", "--stage", "task", "--max-steps", "10", "--corpus", "a.txt"],
+     r"distill --stage task does not take --corpus, --max-steps \(flags of --stage general\)"),
+    (["distill", "--stage", "general", "--task", "mrpc"],
+     r"distill --stage general does not take --task \(flags of --stage task\)"),
+    (["export", "--student", "{tmp}/no-such-student"], r"--student .*no-such-student does not exist"),
+    (["augment", "--task", "squad", "--mlm", "bert-base-uncased", "--output-dir", "{tmp}/aug"],
+     r"augment --task squad: TinyBERT's word replacement would change the labels of a"),
+    (["sweep", "--output-dir", "{tmp}/sweep", "--set", "benchmark.students=[{tmp}/no-such-run]"],
+     r"benchmark.students: .*no-such-run"),
+])
+def test_a_flag_or_path_a_command_cannot_use_is_one_line_before_any_work(tmp_path, capsys, args, message):
+    """Flags of the other `distill` stage were dropped without a word; a mistyped export folder was created; QA
+    data went through word replacement with its answer offsets left behind; a sweep's missing extra student was a
+    traceback after every student had trained."""
+    import run_distill
+
+    code = run_distill.main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    error = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in error and re.search(message, error), error
+    assert not (tmp_path / "no-such-student").exists()
+    assert not (tmp_path / "aug").exists() or {p.name for p in (tmp_path / "aug").iterdir()} <= {"run.log"}
+    assert not (tmp_path / "sweep" / "teacher").exists()
+
+
+def test_distill_stage_task_picks_the_tasks_own_recipe_as_pipeline_does(monkeypatch):
+    import run_distill
+
+    seen = {}
+    monkeypatch.setitem(run_distill.COMMANDS, "distill", lambda config, args: seen.setdefault("config", config) and 0)
+    assert run_distill.main(["distill", "--stage", "task", "--task", "squad", "--data-dir", "somewhere"]) == 0
+    assert seen["config"].output_dir == "runs/squad" and seen["config"].task.max_seq_length == 256
+    assert seen["config"].augment.enabled is False  # squad_minilm.yaml's, not the default job's

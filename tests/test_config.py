@@ -41,6 +41,10 @@ def test_default_config_cuts_the_student_from_the_teacher_and_augments_by_the_pa
         ("general:\n  streaming: true\n  train: {num_epochs: 1, max_steps: null}\n",
          "general.train.max_steps: must be set when streaming"),
         ("general:\n  student: {init: pca}\n", "general.student.init: must be"),
+        ("task:\n  max_seq_length: [64\n", r"bad.yaml, line 3, column 1: not valid YAML"),
+        ("sweep:\n  - student: {preset: 2l-128}\n", r"sweep\[0\].name: required, and not given"),
+        ("sweep:\n  - name: a\n  - name: a\n", r"sweep: student name\(s\) \['a'\] given more than once"),
+        ("sweep:\n  - name: teacher\n", "sweep: a student may not be named 'teacher'"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path, yaml_text, message):
@@ -292,3 +296,12 @@ def test_an_int_field_takes_a_whole_number_written_as_a_float():
     assert load_config(None, {"distill.intermediate.max_steps": 2.0e3}).distill.intermediate.max_steps == 2000
     with pytest.raises(ConfigError, match="task.max_seq_length: expected int, got '2.5e0'"):
         load_config(None, {"task.max_seq_length": "2.5e0"})
+
+
+def test_mixed_precision_no_reads_as_the_string_yaml_would_make_a_boolean(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("teacher:\n  train: {mixed_precision: no}\n")  # YAML 1.1: a bare no is false
+    assert load_config(path).teacher.train.mixed_precision == "no"
+    assert load_config(None, {"distill.prediction.mixed_precision": False}).distill.prediction.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="mixed_precision: must be one of no, bf16, fp16, got 'yes'"):
+        load_config(None, {"teacher.train.mixed_precision": "yes"})

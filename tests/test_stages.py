@@ -101,6 +101,18 @@ def test_new_augmentation_settings_rerun_augmentation_and_what_follows(finished_
     assert _changed(before, _markers(out)) == {"augmented", "teacher_logits", "student_intermediate", "student"}
 
 
+def test_a_deleted_masked_lm_is_not_adapted_again_for_a_finished_augmented_set(finished_run):
+    import shutil
+
+    config, out = finished_run
+    stages = [stage for stage in STAGE_FOLDERS if stage != "mlm"]
+    before = {stage: (out / stage / "stage.json").stat().st_mtime_ns for stage in stages}
+    shutil.rmtree(out / "mlm")
+    run_pipeline(config)
+    assert not (out / "mlm").exists()  # the augmented set it made is finished: nothing needs it
+    assert {stage: (out / stage / "stage.json").stat().st_mtime_ns for stage in stages} == before
+
+
 def test_speed_only_settings_rerun_nothing(finished_run):
     config, out = finished_run
     before = _markers(out)
