@@ -509,14 +509,15 @@ def run_export_command(config, args) -> int:
 
 
 def run_adapt_mlm_command(config, args) -> int:
-    from distill.config import fingerprint
     from distill.checkpoint import stage_done
+    from distill.device import run_device
+    from distill.stages import STAGES
     from teachers import adapt_mlm
 
-    from distill.device import run_device
-
     folder = Path(config.output_dir)
-    run_id = fingerprint(config.mlm)
+    # The pipeline's own masked-LM run id: the encoder and corpus count by their bytes (an edited corpus or an encoder
+    # trained again in place is a new run), and a folder made here is the one a pipeline's mlm stage would reuse.
+    run_id = STAGES["mlm"].run_id(config, {})
     if stage_done(folder, run_id) is None:
         adapt_mlm(config.mlm, folder, run_id, device=run_device())
     print(f"masked LM saved to {folder}")

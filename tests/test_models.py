@@ -228,3 +228,30 @@ def test_the_teacher_half_preset_is_the_teachers_width_at_half_its_depth():
     s, t = student.state_dict(), teacher.state_dict()
     for mine, theirs in [(0, 1), (1, 3)]:
         assert (s[f"bert.encoder.layer.{mine}.output.dense.weight"] == t[f"bert.encoder.layer.{theirs}.output.dense.weight"]).all()
+
+
+def test_the_adapt_mlm_command_counts_its_corpus_by_bytes_and_shares_the_pipelines_run_id(tmp_path, capsys):
+    """Its id named the corpus by path, so an edited corpus (or an encoder trained again in place) reused the old
+    masked LM; it is now the pipeline's mlm stage id, so the folder is also one a pipeline would reuse."""
+    import json
+
+    import run_distill
+    from distill.config import load_config
+    from distill.stages import STAGES
+
+    encoder, corpus, out = tmp_path / "encoder", tmp_path / "corpus.txt", tmp_path / "mlm"
+    tiny_bert(seed=0).save_pretrained(encoder)
+    BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}).save_pretrained(encoder)
+    corpus.write_text("the movie was good\na bad film\nthe plot was fun\n" * 4)
+    args = ["adapt-mlm", "--model", str(encoder), "--corpus", str(corpus), "--output-dir", str(out), "--max-steps", "2",
+            "--set", "mlm.train.batch_size=4", "--set", "mlm.train.save_steps=1"]
+    assert run_distill.main(args) == 0
+    first = json.loads((out / "stage.json").read_text())["run_id"]
+    config = load_config(None, {"mlm.base_model": str(encoder), "mlm.corpus": [str(corpus)], "mlm.train.max_steps": 2,
+                                "mlm.train.batch_size": 4, "mlm.train.save_steps": 1})
+    assert first == STAGES["mlm"].run_id(config, {})
+    corpus.write_text("a great cast and a fun story\n" * 12)  # same path, other text: not the old masked LM
+    assert run_distill.main(args) == 2
+    assert f"holds the output of another run (run id {first}" in capsys.readouterr().err
+    assert json.loads((out / "stage.json").read_text())["run_id"] == first  # kept until the user says otherwise
+    assert run_distill.main(args[:6] + [str(tmp_path / "mlm2")] + args[7:]) == 0
