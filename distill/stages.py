@@ -177,15 +177,30 @@ def teacher_examples(values: dict) -> None:
     teacher["max_train_examples_cpu"] = None
 
 
+# What only fine-tuning reads: with ``teacher.model`` given, nothing is fine-tuned and these make no difference.
+FINE_TUNING_FIELDS = ("base_model", "train", "select_best", "eval_steps")
+
+
 def teacher_canonical(values: dict) -> None:
     """The teacher's hashed values as :func:`teacher_examples` makes them, and ``teacher.min_dev_metric`` hashed as
     its default (None) whatever it is: the bar decides whether the job goes on with the teacher, not the teacher it
     makes, so lowering it after a refusal (as the refusal suggests) finds the finished fine-tuning instead of moving it
-    aside and training again. Hashed at the default rather than left out, so that run ids made before keep theirs."""
+    aside and training again. Likewise, with a given ``teacher.model`` the :data:`FINE_TUNING_FIELDS` are hashed at
+    their defaults: a fine-tuning setting changed there re-scores nothing. Hashed at the defaults rather than left out,
+    so that run ids made before keep theirs."""
+    from distill.config import TeacherConfig
+    from distill.fingerprints import content_or_name
+
     teacher_examples(values)
     teacher = values.get("teacher")
-    if isinstance(teacher, dict) and "min_dev_metric" in teacher:
+    if not isinstance(teacher, dict):
+        return
+    if "min_dev_metric" in teacher:
         teacher["min_dev_metric"] = None
+    if teacher.get("model") is not None:
+        defaults = to_dict(TeacherConfig())
+        defaults["base_model"] = content_or_name(defaults["base_model"])  # as with_contents hashes the default
+        teacher.update({name: defaults[name] for name in FINE_TUNING_FIELDS if name in teacher})
 
 
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (

@@ -297,3 +297,14 @@ def test_a_refused_run_leaves_a_finished_folder_as_it_was(finished_run):
         run_pipeline(dataclasses.replace(config, task=dataclasses.replace(config.task, name="sst3")))
     assert {path: path.read_bytes() for path in saved} == saved
     assert not (out / "superseded").exists()
+
+
+def test_a_given_teachers_run_id_ignores_the_fine_tuning_settings_it_does_not_use():
+    given = load_config(None, {"teacher.model": "org/fine-tuned"})
+    teacher = STAGES["teacher"]
+    unused = load_config(None, {"teacher.model": "org/fine-tuned", "teacher.train.learning_rate": 1e-3,
+                                "teacher.base_model": "bert-base-uncased", "teacher.eval_steps": 50})
+    assert teacher.run_id(unused, {}) == teacher.run_id(given, {})  # nothing is fine-tuned: nothing to redo
+    assert teacher.run_id(load_config(None, {"teacher.model": "org/other"}), {}) != teacher.run_id(given, {})
+    fine_tuned = load_config(None)  # with nothing given, the same settings make another teacher
+    assert teacher.run_id(load_config(None, {"teacher.train.learning_rate": 1e-3}), {}) != teacher.run_id(fine_tuned, {})
