@@ -278,14 +278,25 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
 
 def pipeline_folder_of(student: Path) -> Path | None:
     """The pipeline output folder that ``student`` names, or whose ``student/`` it is: the folder whose
-    ``config.json`` is the run's config (not a model's), else None."""
+    ``config.json`` is the run's config (not a model's), else None. A sweep's student (``<run>/students/<name>/`` or
+    its ``student/``) gives the sweep's folder, whose config names it among its ``sweep`` entries."""
     for folder in (student, student.parent):
         if (folder / "student").is_dir() and (folder / "student").resolve() in (student.resolve(),
                                                                                 (student / "student").resolve()):
-            try:
-                config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(config, dict) and {"task", "teacher", "student"} <= set(config):
+            config = _run_config(folder)
+            if config is not None:
                 return folder
+            if folder.parent.name == "students":
+                sweep = _run_config(folder.parent.parent)
+                if sweep is not None and folder.name in {e.get("name") for e in sweep.get("sweep") or []}:
+                    return folder.parent.parent
     return None
+
+
+def _run_config(folder: Path) -> dict | None:
+    """The pipeline config saved in ``folder/config.json``, or None (none there, or a model's config)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and {"task", "teacher", "student"} <= set(config) else None

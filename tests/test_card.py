@@ -313,3 +313,16 @@ def test_a_benchmark_row_name_that_is_taken_gets_a_number():
     assert unique_name("student", {"teacher"}) == "student"
     assert unique_name("student", {"teacher", "student", "student_2"}) == "student_3"
     assert unique_name("teacher", {"teacher"}) == "teacher_2"
+
+
+def test_a_sweep_students_folder_leads_to_the_sweeps_config(tmp_path):
+    from distill.export import pipeline_folder_of
+
+    run = tmp_path / "sweep"
+    (run / "students" / "4l-312" / "student").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": {"name": "mrpc"}, "teacher": {}, "student": {},
+                                                 "sweep": [{"name": "4l-312"}]}))
+    assert pipeline_folder_of(run / "students" / "4l-312") == run
+    assert pipeline_folder_of(run / "students" / "4l-312" / "student") == run
+    (run / "students" / "other" / "student").mkdir(parents=True)  # not an entry of this sweep
+    assert pipeline_folder_of(run / "students" / "other") is None
