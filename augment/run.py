@@ -98,8 +98,8 @@ def run_augment(
     if config.mlm.model is None:
         raise ConfigError("mlm.model: augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; an encoder "
                           "without an MLM head gets one with `run_distill.py adapt-mlm`)")
-    if source is None and not task_spec(config.task).type.supports_augmentation:  # before any data is read
-        kind = task_spec(config.task).type
+    kind = task_spec(config.task).type if source is None else None
+    if kind is not None and not kind.supports_augmentation:  # before any data is read
         raise ConfigError(f"augment --task {config.task.name}: TinyBERT's word replacement would change the labels of "
                           f"a {kind.description} (answers and their offsets); augment a classification or token "
                           "classification task, or a table with --input")

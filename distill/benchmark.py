@@ -55,7 +55,7 @@ from distill.export import (
     quantize_torch,
     reusable_export,
 )
-from distill.report import count_parameters, size_mb
+from distill.report import count_parameters, latency_summary, size_mb
 from distill.tasks import load_head_model
 
 logger = logging.getLogger(__name__)
@@ -159,8 +159,8 @@ def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: 
 
 
 def _p90(values: list[float]) -> float:
-    """The 90th percentile, interpolated between the sorted values as the report's (one value: itself)."""
-    return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
+    """The 90th percentile, interpolated between the sorted values: the report's own (one value: itself)."""
+    return latency_summary(values)["p90"]
 
 
 def _spread(values: list[float]) -> float:
