@@ -415,6 +415,7 @@ def run_pipeline_command(config, args) -> int:
 
 
 def run_seeds_command(config, args) -> int:
+    from distill.checkpoint import is_main_process
     from distill.seeds import SeedsFailedError, run_seeds
 
     start = time.perf_counter()
@@ -422,10 +423,12 @@ def run_seeds_command(config, args) -> int:
     try:
         run_seeds(config, args.seeds, command=_command_line(args.prog))
     except SeedsFailedError as error:
-        if (out / "seeds.md").is_file():
+        if is_main_process() and (out / "seeds.md").is_file():
             print((out / "seeds.md").read_text(encoding="utf-8"))
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if not is_main_process():  # under a multi-process launch the main process writes and prints the summary
+        return 0
     print((out / "seeds.md").read_text(encoding="utf-8"))
     print(f"{len(args.seeds)} runs done in {time.perf_counter() - start:.0f} s; summary: {out / 'seeds.md'}")
     return 0
@@ -456,6 +459,8 @@ def run_sweep_command(config, args) -> int:
 
     start = time.perf_counter()
     report = run_sweep(config)
+    if report is None:  # another process of a multi-process launch: the main one benchmarks and prints
+        return 0
     out = Path(config.output_dir) / "benchmark"
     print((out / "benchmark.md").read_text(encoding="utf-8"))
     print(f"sweep done in {time.perf_counter() - start:.0f} s; {len(report['rows'])} rows in {out}")

@@ -31,6 +31,13 @@ STAGE_FILE = "stage.json"
 logger = logging.getLogger(__name__)
 
 
+def is_main_process() -> bool:
+    """Whether this process is the job's main process: global rank 0 under a launcher (``RANK``, set by torchrun and
+    ``accelerate launch``), and always in a single process. The main process alone writes stage folders' files
+    (:mod:`distill.processes`)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint or stage output is unreadable, cannot be written, or belongs to another run."""
 
@@ -213,6 +220,8 @@ def load_latest_good_checkpoint(
         try:
             return path, load_checkpoint(path, run_id, trainable, optimizer, scheduler)
         except CorruptCheckpointError as error:
+            if not is_main_process():  # the main process moves it aside; this one goes on to the previous one
+                continue
             aside = path.with_name(f"corrupt-{path.name}")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(path, aside)
@@ -248,7 +257,10 @@ def mark_stage_started(directory: Path) -> None:
     """Note when the stage in ``directory`` started running in this process (``started.json``, wall-clock seconds):
     its :func:`mark_stage_done` then records ``seconds``, the wall time from there. A stage that resumes the
     unfinished work of an earlier process counts from its resume and is recorded as ``resumed``; a stage skipped as
-    finished does not call this."""
+    finished does not call this. Under a multi-process launch only the main process writes it (the others' call does
+    nothing), so a second process never finds the first one's file and records the stage as resumed."""
+    if not is_main_process():
+        return
     directory.mkdir(parents=True, exist_ok=True)
     started = directory / STARTED_FILE
     resumed = started.is_file() and not (directory / STAGE_FILE).is_file()
@@ -296,9 +308,12 @@ def finished_or_superseded(directory: Path, run_id: str) -> dict | None:
     A folder that holds the output of another run id, finished or not (its config, or that of a stage before it,
     changed), is moved to ``<parent>/superseded/<name>-<its run id>/`` with a warning, so nothing done is lost and the
     stage runs again in a clean folder; an unfinished folder of the same run id is left to resume. Under a
-    multi-process launch every process may find it: the first to move it does, the others find it gone.
+    multi-process launch only the main process moves it (another could otherwise move the new folder the main process
+    has begun in its place); the others answer from what they find, which is None while it is moved as after.
     """
     others = folder_run_ids(directory) - {run_id}
+    if others and not is_main_process():
+        return None
     if others:
         old = sorted(others)[0]
         target = directory.parent / SUPERSEDED / f"{directory.name}-{old}"
@@ -350,7 +365,7 @@ def output_lock(folder: Path, command: str | None = None):
     import fcntl
 
     folder.mkdir(parents=True, exist_ok=True)
-    if int(os.environ.get("RANK", "0")) != 0:  # under `accelerate launch`, the first process holds it for the job
+    if not is_main_process():  # under `accelerate launch`, the first process holds it for the job
         yield
         return
     path = folder / LOCK_FILE

@@ -13,6 +13,7 @@ packed corpus, unless streamed), ``log.jsonl``, ``checkpoints/`` while running, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import shutil
@@ -34,6 +35,7 @@ from distill.fingerprints import content_or_name
 from distill.device import run_device
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
+from distill.processes import on_main
 from distill.trainer import train
 from students import build_student, student_shape
 from teachers.models import load_config as load_model_config
@@ -151,9 +153,11 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
     processes = PartialState()  # under `accelerate launch`: one process packs and saves, the others wait and read
     if processes.is_main_process:
         mark_stage_started(out)  # its record's seconds count from here, "resumed" when an earlier process began it
-    with processes.main_process_first():
-        corpus = load_packed_corpus(config.corpus, tokenizer, config.max_seq_length, config.streaming,
-                                    cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
+    pack = functools.partial(load_packed_corpus, config.corpus, tokenizer, config.max_seq_length, config.streaming,
+                             cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
+    if not config.streaming:  # one process packs and saves it; the others wait for it (by its record), then read it
+        on_main(out / "corpus", corpus_id, pack)
+    corpus = pack()
     set_seed(config.train.seed)  # student weights and projections are drawn from the global RNG
     student = build_student(teacher, config.student, layer_map, encoder_only=True)
     objective = DistillationObjective(teacher, student, intermediate_terms(config.weights), layer_map,

@@ -64,6 +64,7 @@ from distill.general import (
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.preflight import preflight
+from distill.processes import is_main_process, on_main
 from distill.report import (
     build_report,
     count_parameters,
@@ -124,13 +125,18 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     _start("teacher", folder)
     if config.teacher.model is None:
         return finetune_teacher(config.teacher, config.task, spec, data, folder, run_id, device=device)
-    teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels).to(device)
-    tokenizer = load_tokenizer(config.teacher.model)
-    metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length, device=device)
-    check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model, dev_labels(data, spec))
-    teacher.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
+
+    def take_given_teacher() -> None:  # one process evaluates and saves it; the others read its record
+        teacher = load_teacher(config.teacher.model, spec, config.teacher.remap_labels).to(device)
+        tokenizer = load_tokenizer(config.teacher.model)
+        metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length, device=device)
+        check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model,
+                              dev_labels(data, spec))
+        teacher.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
+
+    return on_main(folder, run_id, take_given_teacher)
 
 
 def mlm_run_id(config: PipelineConfig) -> str:
@@ -182,16 +188,20 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
     mlm = mlm_stage(whole, out, device=device)[0] if copies else None
     _start("augmentation", folder)
-    factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
-    augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
-                                replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
-    training_set = with_unlabelled(augmented, config, spec, folder, dev)
-    copies, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
-    mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": copies,
-                                     "num_unlabelled": unlabelled, "device": str(device)})
-    logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
-                copies, unlabelled, len(data["train"]))
-    return training_set, run_id
+
+    def augment() -> None:  # one process augments; the others then read its shards
+        factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
+        augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
+                                    replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
+        training_set = with_unlabelled(augmented, config, spec, folder, dev)
+        made, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
+        mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": made,
+                                         "num_unlabelled": unlabelled, "device": str(device)})
+        logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
+                    made, unlabelled, len(data["train"]))
+
+    on_main(folder, run_id, augment)
+    return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
 
 
 UNLABELLED = "unlabelled"
@@ -271,7 +281,8 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
         ``<out>/general.json``.
     """
     if not config.general.enabled or config.student.model is not None:
-        write_json_atomic(out / "general.json", {"run_id": "none", "folder": None})
+        if is_main_process():
+            write_json_atomic(out / "general.json", {"run_id": "none", "folder": None})
         return {"run_id": "none", "folder": None}
     general = general_config(config)
     run_id, _ = general_run_id(general)
@@ -286,7 +297,8 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
     reference = {"run_id": record["run_id"], "folder": str(folder), "teacher": general.teacher,
                  "corpus": general.corpus, "steps": record["steps"], "seconds": record["seconds"],
                  "resumed": bool(record.get("resumed", False))}
-    write_json_atomic(out / "general.json", reference)
+    if is_main_process():  # the others' seconds are their own wall time
+        write_json_atomic(out / "general.json", reference)
     return reference
 
 
@@ -353,7 +365,8 @@ def _distill_step(
     terms: dict[str, float], train_config: TrainConfig, folder: Path, run_id: str, device: torch.device,
     layer_map: list[int], start: str | None = None, teacher_cache: tuple[Path, str] | None = None,
 ) -> DistillationObjective:
-    """One run of the loop with a :class:`DistillationObjective`; the student is saved with the tokenizer.
+    """One run of the loop with a :class:`DistillationObjective` (under a multi-process launch, every process's share
+    of it); the caller saves the student (:func:`_save_student`).
 
     With ``teacher_cache`` (its folder and run id; intermediate step), the teacher's outputs are computed once into
     that folder (or found there) and every batch reads them from it (:mod:`distill.teacher_cache`). The step's wall
@@ -373,10 +386,9 @@ def _distill_step(
     if teacher_cache is not None:
         cache_dir, cache_id = teacher_cache
         layout = CacheLayout.of(objective.teacher_reads, teacher.config)
-        with PartialState().main_process_first():  # one process builds it; the others then find it finished
-            build_teacher_cache(objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
-                                storage_dtype(config.distill.teacher_cache), device=device,
-                                batch_size=train_config.batch_size)
+        on_main(cache_dir, cache_id, lambda: build_teacher_cache(  # one process builds it; the others read it
+            objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
+            storage_dtype(config.distill.teacher_cache), device=device, batch_size=train_config.batch_size))
         cache = TeacherCache(cache_dir)
         if len(cache) != len(train_set):
             raise RuntimeError(f"the teacher-output cache in {cache_dir} has {len(cache)} rows, the data "
@@ -386,10 +398,20 @@ def _distill_step(
     if name == "intermediate":
         mark_stage_started(folder)
     train(objective, train_set, collate, train_config, folder, run_id, f"distill ({name} step)", device=device)
+    return objective
+
+
+def _save_student(folder: Path, student, tokenizer, objective: DistillationObjective | None = None,
+                  record: tuple[str, dict] | None = None) -> None:
+    """Save a step's student with the tokenizer (and the objective's learnt projections, when given) into ``folder``
+    and drop its training checkpoints; then, with ``record`` (run id, results), mark the step done."""
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    if objective is not None:
+        save_projections(objective, folder)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    return objective
+    if record is not None:
+        mark_stage_done(folder, *record)
 
 
 def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, train_set: datasets.Dataset,
@@ -418,9 +440,8 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     if not terms:  # logit-only distillation: the student goes straight to the prediction step
         logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
         mark_stage_started(folder)
-        student.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        return mark_stage_done(folder, run_id, {"layer_map": None, "skipped": True, "weights": {}, **record})
+        return on_main(folder, run_id, lambda: _save_student(
+            folder, student, tokenizer, record=(run_id, {"layer_map": None, "skipped": True, "weights": {}, **record})))
     cache = None
     if config.distill.teacher_cache is not None:  # beside the step's folder: each student of a sweep has its own
         cache = (folder.parent / "teacher_outputs",
@@ -429,8 +450,9 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
                               config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"],
                               teacher_cache=cache)
-    save_projections(objective, folder)
-    return mark_stage_done(folder, run_id, {"layer_map": [0, *layer_map], "weights": terms, **record})
+    return on_main(folder, run_id, lambda: _save_student(  # one process saves it; the others then read its record
+        folder, student, tokenizer, objective, record=(run_id, {"layer_map": [0, *layer_map], "weights": terms,
+                                                                **record})))
 
 
 def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
@@ -457,10 +479,15 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     _distill_step("prediction", config, spec, teacher, student, tokenizer, train_set, {"prediction": weight},
                   config.distill.prediction, folder, run_id, device,
                   list(range(1, student.config.num_hidden_layers + 1)))  # no layer is matched: logits alone
-    metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
-    logger.info("student dev metrics: %s", metrics)
-    weights = prediction_terms(config.distill.weights, config.distill.hard_label_weight)
-    return mark_stage_done(folder, run_id, {"dev": metrics, "weights": weights, "device": str(device)})
+
+    def finish() -> None:  # one process saves and scores the student; the others then read its record
+        _save_student(folder, student, tokenizer)
+        metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
+        logger.info("student dev metrics: %s", metrics)
+        weights = prediction_terms(config.distill.weights, config.distill.hard_label_weight)
+        mark_stage_done(folder, run_id, {"dev": metrics, "weights": weights, "device": str(device)})
+
+    return on_main(folder, run_id, finish)
 
 
 def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
@@ -487,7 +514,8 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
     """Add a ``teacher_logits`` column, (C,) per example, or (T_i, C) per example for a model with an output per
     token (no padding stored), computed once on ``device`` (where ``teacher`` is) and cached on disk: the prediction
     step then skips the teacher forward."""
-    with PartialState().main_process_first():  # one process computes them; the others then find them finished
+
+    def compute() -> None:  # one process computes them; the others then read them
         if finished_or_superseded(folder, run_id) is None:
             _start("teacher logits (cached for the prediction step)", folder)
             logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
@@ -496,6 +524,8 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
             datasets.Dataset(pyarrow.table({"teacher_logits": logit_rows(logits)})).cast(
                 datasets.Features({"teacher_logits": feature})).save_to_disk(str(folder / "data"))
             mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
+
+    on_main(folder, run_id, compute)
     cached = datasets.load_from_disk(str(folder / "data"))
     if len(cached) != len(train_set):
         raise RuntimeError(f"cached teacher logits in {folder} have {len(cached)} rows, the data {len(train_set)}")
@@ -620,13 +650,14 @@ def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     data, source = load_task_data_with_source(config.task, spec)
     # Written once the config and the data are known to be good: a run refused before here leaves a finished
     # folder's record of its config as it was.
-    write_json_atomic(out / "config.json", to_dict(config))
+    if is_main_process():
+        write_json_atomic(out / "config.json", to_dict(config))
     teacher_record = teacher_stage(config, spec, data, out, device=device)
     train_data, data_run_id = augment_stage(config, spec, data, out, device=device)
     return out, spec, data, source, teacher_record, train_data, data_run_id
 
 
-def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dict:
+def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dict | None:
     """Several students distilled from one teacher and one augmented set, then benchmarked together.
 
     The teacher, masked LM, augmentation and teacher logits are made once in ``output_dir`` (as the pipeline does);
@@ -635,7 +666,8 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
     stage runs on ``device`` (None: :func:`distill.device.run_device`).
 
     Returns:
-        The benchmark report.
+        The benchmark report; None in the other processes of a multi-process launch (the main process alone
+        benchmarks the students, after every process has trained them).
 
     Raises:
         FolderInUseError: another process is running a job in ``output_dir``. DataError: a ``benchmark.students``
@@ -661,7 +693,7 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         return _sweep(config, entries, device)
 
 
-def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict:
+def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict | None:
     from distill.benchmark import resolve_model_folder, run_benchmark, unique_name
 
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
@@ -673,6 +705,8 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         logger.info("sweep student %s: dev %s", name, record["dev"])
         students[name] = (out / "students" / name / "student",
                           describe_init(student_config.student, student_config.distill.layer_map))
+    if not is_main_process():  # the main process times the models alone and writes the benchmark and the cards
+        return None
     for extra in config.benchmark.students:
         students[unique_name(Path(extra).name, {"teacher", *students})] = resolve_model_folder(Path(extra), "student")
     _banner("benchmark", out / "benchmark")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from distill.checkpoint import output_lock, write_json_atomic
+from distill.checkpoint import is_main_process, output_lock, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.pipeline import run_pipeline
 from distill.report import task_seconds
@@ -83,8 +83,9 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
             summary = summarize(reports)
             summary["failed"] = failed
             summary["command"] = command
-            write_json_atomic(base / "seeds.json", summary)
-            (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
+            if is_main_process():  # under a multi-process launch, the main process writes it
+                write_json_atomic(base / "seeds.json", summary)
+                (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
     if failed:
         done = (f"{base / 'seeds.md'} summarises the {len(reports)} that finished" if reports else "none finished")
         raise SeedsFailedError(

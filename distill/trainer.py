@@ -320,7 +320,8 @@ def train(
         if accelerator.scaler is not None and "scaler" in saved["extra"]:
             accelerator.scaler.load_state_dict(saved["extra"]["scaler"])
         logger.info("%s: resuming from %s (step %d of %d)", description, checkpoint, state.step, steps)
-        _truncate_log(output_dir / "log.jsonl", state.step)
+        if accelerator.is_main_process:  # the one writer of the log (another's rewrite would orphan its open file)
+            _truncate_log(output_dir / "log.jsonl", state.step)
     if state.step < steps:
         objective.train()
         if accelerator.log_with:

@@ -16,6 +16,7 @@ from distill.config import TaskConfig, TeacherConfig
 from distill.data import TaskSpec, collator, tokenize
 from distill.evaluate import evaluate, evaluate_task
 from distill.objective import ModelLossObjective
+from distill.processes import on_main
 from distill.trainer import BEST_FOLDER, Selection, train
 from teachers.models import ModelError, load_tokenizer, resolve_model
 
@@ -153,23 +154,27 @@ def finetune_teacher(
         selection = Selection(lambda: score(dev), config.eval_steps)
     state = train(objective, train_set, collator(tokenizer, spec), config.train, stage_dir, run_id, "teacher fine-tuning",
                   device=device, selection=selection)
-    model.save_pretrained(stage_dir)
-    tokenizer.save_pretrained(stage_dir)
-    # The kept weights were scored on the one dev set when they were selected (same data, batches and code): reuse
-    # that, not a second pass (5 minutes for SQuAD's dev set on a CPU). A run resumed after that evaluation, or a task
-    # with a second dev set (MNLI mismatched), is scored here.
-    scored_here = state.evaluations[len(state.evaluations) - len(scored):]  # the evaluations made in this process
-    by_step = {step: metrics for (step, _), metrics in zip(scored_here, scored)}
-    metrics = by_step.get(state.best_step) if len(spec.dev_splits) == 1 else None
-    if metrics is None:
-        metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
-    logger.info("teacher dev metrics: %s", metrics)
-    check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir), dev_labels(data, spec))
-    shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    shutil.rmtree(stage_dir / BEST_FOLDER, ignore_errors=True)
-    record = {"dev": metrics, "num_train_examples": len(train_set), "num_examples": len(train_examples),
-              "steps": state.step, "device": str(device)}
-    if selection is not None:
-        record["selection"] = {"metric": spec.metrics[0], "best_step": state.best_step,
-                               "evaluations": state.evaluations, "last": state.evaluations[-1][1]}
-    return mark_stage_done(stage_dir, run_id, record)
+
+    def finish() -> None:  # one process saves and scores the teacher; the others then read its record
+        model.save_pretrained(stage_dir)
+        tokenizer.save_pretrained(stage_dir)
+        # The kept weights were scored on the one dev set when they were selected (same data, batches and code): reuse
+        # that, not a second pass (5 minutes for SQuAD's dev set on a CPU). A run resumed after that evaluation, or a
+        # task with a second dev set (MNLI mismatched), is scored here.
+        scored_here = state.evaluations[len(state.evaluations) - len(scored):]  # the evaluations made in this process
+        by_step = {step: metrics for (step, _), metrics in zip(scored_here, scored)}
+        metrics = by_step.get(state.best_step) if len(spec.dev_splits) == 1 else None
+        if metrics is None:
+            metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
+        logger.info("teacher dev metrics: %s", metrics)
+        check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir), dev_labels(data, spec))
+        shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(stage_dir / BEST_FOLDER, ignore_errors=True)
+        record = {"dev": metrics, "num_train_examples": len(train_set), "num_examples": len(train_examples),
+                  "steps": state.step, "device": str(device)}
+        if selection is not None:
+            record["selection"] = {"metric": spec.metrics[0], "best_step": state.best_step,
+                                   "evaluations": state.evaluations, "last": state.evaluations[-1][1]}
+        mark_stage_done(stage_dir, run_id, record)
+
+    return on_main(stage_dir, run_id, finish)

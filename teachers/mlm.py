@@ -18,6 +18,7 @@ from distill.checkpoint import mark_stage_done
 from distill.config import MLMConfig
 from distill.data import ASSETS, DataError
 from distill.objective import MaskedLMObjective
+from distill.processes import on_main
 from distill.trainer import train
 from teachers.models import load_tokenizer, resolve_model
 
@@ -69,8 +70,12 @@ def adapt_mlm(config: MLMConfig, stage_dir: Path, run_id: str, *, device: torch.
     objective = MaskedLMObjective(model)
     # The masks are drawn from the global RNG, in order with dropout: collated in the training thread (no prefetch).
     train(objective, encoded, masking, config.train, stage_dir, run_id, "adapt-mlm", device=device, prefetch=False)
-    model.save_pretrained(stage_dir)
-    tokenizer.save_pretrained(stage_dir)
-    shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    return mark_stage_done(stage_dir, run_id, {"num_corpus_lines": len(corpus), "corpus": config.corpus,
-                                               "device": str(device)})
+
+    def finish() -> None:  # one process saves it; the others then read its record
+        model.save_pretrained(stage_dir)
+        tokenizer.save_pretrained(stage_dir)
+        shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
+        mark_stage_done(stage_dir, run_id, {"num_corpus_lines": len(corpus), "corpus": config.corpus,
+                                            "device": str(device)})
+
+    return on_main(stage_dir, run_id, finish)

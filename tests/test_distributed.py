@@ -21,10 +21,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(command: list[str], world_size: int, use_cpu_flag: bool) -> None:
+def _ranks(command: list[str], world_size: int, use_cpu_flag: bool) -> list[tuple[int, str]]:
     """Run ``command`` in ``world_size`` processes with the environment a launcher (torchrun, `accelerate launch`)
-    gives each rank, and check every one exits 0. ``use_cpu_flag``: also set ACCELERATE_USE_CPU=true, as
-    `accelerate launch --cpu` does; without it the command must find the CPU process group itself."""
+    gives each rank; returns each rank's exit status and output. ``use_cpu_flag``: also set ACCELERATE_USE_CPU=true,
+    as `accelerate launch --cpu` does; without it the command must find the CPU process group itself."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ACCELERATE_USE_CPU", None)
     if world_size > 1:
@@ -36,9 +36,22 @@ def _launch(command: list[str], world_size: int, use_cpu_flag: bool) -> None:
                          env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r)} if world_size > 1 else {})})
         for r in range(world_size)
     ]
+    results = []
     for process in processes:
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output[-3000:]
+        try:
+            output, _ = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output = "(killed after 300 s)\n" + process.communicate()[0]
+        results.append((process.returncode, output))
+    return results
+
+
+def _launch(command: list[str], world_size: int, use_cpu_flag: bool) -> None:
+    """:func:`_ranks`, checking that every rank exits 0 (the message holds every rank's output)."""
+    results = _ranks(command, world_size, use_cpu_flag)
+    assert all(code == 0 for code, _ in results), "\n".join(
+        f"----- rank {rank}: exit {code} -----\n{output[-4000:]}" for rank, (code, output) in enumerate(results))
 
 
 def _run(out: Path, batch_size: int, world_size: int) -> None:
@@ -131,3 +144,59 @@ def test_the_pipeline_on_two_processes_times_and_writes_its_report_once(tmp_path
     assert (out / "student" / "onnx" / "model.onnx").is_file() and (out / "student" / "README.md").is_file()
     log = (out / "run.log").read_text()
     assert log.count("these models were timed") == 1  # the second process reused the main process's timing
+
+
+def _stage_records(out: Path) -> dict[str, dict]:
+    import json
+
+    return {str(path.parent.relative_to(out)): json.loads(path.read_text()) for path in sorted(out.rglob("stage.json"))}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU process group of a machine without CUDA")
+def test_every_stage_of_the_pipeline_runs_on_two_processes_and_resumes(tmp_path):
+    """Two processes from an empty folder through every stage (a teacher fine-tuned, adapt-mlm, augmentation,
+    general distillation, both steps, the report): the main process alone writes each stage's files, the other waits
+    for its record; run again, every stage is found finished."""
+    import json
+
+    from transformers import BertTokenizer
+
+    from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
+
+    path = tiny_job_every_stage(tmp_path, BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}))
+    command = [sys.executable, str(ROOT / "run_distill.py"), "pipeline", "--config", path]
+    _launch(command, 2, use_cpu_flag=True)
+    out = tmp_path / "run"
+    records = _stage_records(out)
+    assert {"teacher", "mlm", "augmented", "student_intermediate", "teacher_logits", "student"} <= set(records)
+    assert not [p for p in tmp_path.rglob("failed.json")]
+    # started.json is written once, by the main process: a second writer would find the first's and say "resumed"
+    assert not [name for name, record in records.items() if record.get("resumed")]
+    general = json.loads((out / "general.json").read_text())
+    assert general["run_id"] != "none" and (Path(general["folder"]) / "stage.json").is_file()
+    assert json.loads((out / "report.json").read_text())["student"]["timing"]["reused"] is False
+    assert (out / "student" / "README.md").is_file() and (out / "student" / "onnx" / "model.onnx").is_file()
+    _launch(command, 2, use_cpu_flag=True)
+    assert _stage_records(out) == records  # nothing ran again, nothing was rewritten
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU process group of a machine without CUDA")
+def test_a_stage_failing_in_the_main_process_stops_the_other_with_its_error(tmp_path):
+    """The main process refuses the teacher (its guard-rail) in a stage it runs alone; the other process, waiting for
+    that stage's record, stops with the main process's error instead of waiting for ever."""
+    import yaml
+    from transformers import BertTokenizer
+
+    from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job
+    from tests.glue_fixtures import write_glue_folder
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    path = tiny_job(tmp_path, tiny_bert(), tokenizer, task={"data_dir": str(write_glue_folder(tmp_path, "sst2"))},
+                    teacher={"min_dev_metric": 1.5})
+    assert yaml.safe_load(open(path))["teacher"]["min_dev_metric"] == 1.5  # no teacher reaches it
+    (main_code, main_output), (other_code, other_output) = _ranks(
+        [sys.executable, str(ROOT / "run_distill.py"), "pipeline", "--config", path], 2, use_cpu_flag=True)
+    assert main_code == 2 and "min_dev_metric" in main_output, main_output[-3000:]
+    assert other_code == 2, other_output[-3000:]
+    assert "the main process stopped in this stage" in other_output and "min_dev_metric" in other_output
+    assert not (tmp_path / "run" / "teacher" / "stage.json").exists()

@@ -1,0 +1,113 @@
+"""Who writes a stage's files under a multi-process launch (``accelerate launch``, ``torchrun``).
+
+Every process of such a job runs the same code. Training is split across the processes (DDP, :mod:`distill.trainer`);
+the rest of a stage's work is not: evaluating a given teacher, augmenting the training set, computing the teacher's
+logits or outputs once, saving a trained model, evaluating it and writing the stage's record. That work is done by the
+main process alone (:func:`on_main`), and every other process waits for the record it writes (``stage.json``, written
+last), then reads what it wrote. So two processes never write one file, and no process reads a file that another is
+still writing.
+
+The others wait by reading the folder, not at a collective barrier: one process's work, such as augmenting a large
+training set, can take hours, longer than a process group's timeout (30 minutes by default). When the main process
+fails in that work, it leaves ``failed.json`` in the folder and the others stop with its error instead of waiting.
+In a single process, :func:`on_main` just runs the work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from distill.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
+
+__all__ = ["FAILED_FILE", "MainProcessFailedError", "is_main_process", "on_main", "recorded"]
+
+FAILED_FILE = "failed.json"
+# A failed.json older than this process was left by an earlier job (a launcher starts a job's processes together,
+# before any stage runs), so it does not stop this one.
+_PROCESS_STARTED = psutil.Process().create_time()
+# Seconds between two looks at the folder while waiting: from the first to the last, doubling.
+POLL_SECONDS = (0.05, 2.0)
+logger = logging.getLogger(__name__)
+
+
+class MainProcessFailedError(CheckpointError):
+    """The main process failed in a stage that this process was waiting for."""
+
+
+def _several_processes() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def recorded(folder: Path, run_id: str) -> dict | None:
+    """The record in ``<folder>/stage.json`` when the stage finished under ``run_id``; None when there is none yet or
+    it is of another run id (a folder the main process is about to replace). Never raises for either."""
+    try:
+        record = json.loads((Path(folder) / STAGE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not written yet (stage.json is written whole, by a rename)
+        return None
+    return record if isinstance(record, dict) and record.get("run_id") == run_id else None
+
+
+def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
+    """Run ``make`` in the main process alone; every process returns the stage's record as stored.
+
+    ``make`` must finish the stage: write every file of it, then its record, ``<folder>/stage.json`` under ``run_id``
+    (:func:`distill.checkpoint.mark_stage_done`); when the stage is finished already, it may just return. The other
+    processes wait until that record is there (looking every 0.05 s, backing off to every 2 s), or until the main
+    process records that ``make`` failed.
+
+    Args:
+        folder: the stage's folder.
+        run_id: the run id its record must have.
+        make: the work; called with no arguments, in the main process only. Its return value is not used.
+
+    Returns:
+        The record read back from ``stage.json``: the same dict, JSON types, in every process.
+
+    Raises:
+        MainProcessFailedError: (another process) the main process failed in ``make``; its error is in the message.
+        RuntimeError: (main process) ``make`` returned without recording the stage under ``run_id``.
+        Whatever ``make`` raises (main process); with several processes it first writes ``<folder>/failed.json``.
+    """
+    folder = Path(folder)
+    if is_main_process():
+        (folder / FAILED_FILE).unlink(missing_ok=True)  # an earlier job's
+        try:
+            make()
+            record = recorded(folder, run_id)
+            if record is None:
+                raise RuntimeError(f"{folder}: the stage's work returned without recording it under run id {run_id}")
+        except BaseException as error:
+            if _several_processes():  # the others are waiting for this folder: tell them, or they wait for ever
+                write_json_atomic(folder / FAILED_FILE, {"error": f"{type(error).__name__}: {error}",
+                                                         "pid": os.getpid(), "time": time.time()})
+            raise
+        return record
+    delay, longest = POLL_SECONDS
+    while (record := recorded(folder, run_id)) is None:
+        failure = _failure(folder)
+        if failure is not None:
+            raise MainProcessFailedError(f"{folder}: the main process stopped in this stage ({failure}); see its "
+                                         "output, fix the cause and re-run the same command")
+        time.sleep(delay)
+        delay = min(2 * delay, longest)
+    return record
+
+
+def _failure(folder: Path) -> str | None:
+    """The error the main process of this job recorded in ``folder``; None when there is none, or only an earlier
+    job's."""
+    path = folder / FAILED_FILE
+    try:
+        if path.stat().st_mtime < _PROCESS_STARTED:
+            return None
+        return str(json.loads(path.read_text(encoding="utf-8")).get("error", "no message"))
+    except (OSError, ValueError, AttributeError):
+        return None

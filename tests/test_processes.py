@@ -1,0 +1,104 @@
+"""Who writes a stage's files under a multi-process launch (distill/processes.py), with the ranks simulated in one
+process through the launcher's environment (RANK, WORLD_SIZE); tests/test_distributed.py runs real processes."""
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from distill.checkpoint import (
+    STAGE_FILE,
+    STARTED_FILE,
+    finished_or_superseded,
+    mark_stage_done,
+    mark_stage_started,
+)
+from distill.processes import FAILED_FILE, MainProcessFailedError, on_main, recorded
+
+
+def _as_rank(monkeypatch, rank: int, world_size: int = 2) -> None:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+
+
+def test_one_process_runs_the_work_and_returns_the_record_as_stored(tmp_path):
+    calls = []
+
+    def make():
+        calls.append(1)
+        mark_stage_done(tmp_path, "abc", {"dev": {"accuracy": 0.5}, "pair": (1, 2)})
+
+    record = on_main(tmp_path, "abc", make)
+    assert calls == [1]
+    assert record == {"run_id": "abc", "dev": {"accuracy": 0.5}, "pair": [1, 2]}  # read back: JSON types
+    assert not (tmp_path / FAILED_FILE).exists()  # one process: nobody waits, no marker
+
+
+def test_work_that_does_not_record_the_stage_is_an_error(tmp_path):
+    mark_stage_done(tmp_path, "old")
+    with pytest.raises(RuntimeError, match="without recording it under run id new"):
+        on_main(tmp_path, "new", lambda: None)
+
+
+def test_another_process_waits_for_the_record_and_never_runs_the_work(tmp_path, monkeypatch):
+    _as_rank(monkeypatch, 1)
+    mark_stage_done(tmp_path, "old")  # the folder the main process is about to replace: not this stage's record
+    writer = threading.Timer(0.3, lambda: mark_stage_done(tmp_path, "new", {"num_rows": 7}))
+    writer.start()
+    start = time.perf_counter()
+    record = on_main(tmp_path, "new", lambda: pytest.fail("only the main process runs the work"))
+    writer.join()
+    assert record == {"run_id": "new", "num_rows": 7}
+    assert time.perf_counter() - start >= 0.3
+
+
+def test_the_main_process_failing_stops_the_others_with_its_error(tmp_path, monkeypatch):
+    _as_rank(monkeypatch, 0)
+
+    def make():
+        raise ValueError("teacher at chance")
+
+    with pytest.raises(ValueError, match="teacher at chance"):
+        on_main(tmp_path, "abc", make)
+    assert json.loads((tmp_path / FAILED_FILE).read_text())["error"] == "ValueError: teacher at chance"
+    _as_rank(monkeypatch, 1)
+    with pytest.raises(MainProcessFailedError, match=r"main process stopped in this stage \(ValueError: teacher at "
+                                                      r"chance\)"):
+        on_main(tmp_path, "abc", lambda: None)
+
+
+def test_an_earlier_jobs_failure_is_not_this_jobs(tmp_path, monkeypatch):
+    (tmp_path / FAILED_FILE).write_text(json.dumps({"error": "ValueError: an earlier run"}))
+    hour_ago = time.time() - 3600
+    os.utime(tmp_path / FAILED_FILE, (hour_ago, hour_ago))
+    _as_rank(monkeypatch, 1)
+    threading.Timer(0.2, lambda: mark_stage_done(tmp_path, "abc")).start()
+    assert on_main(tmp_path, "abc", lambda: None)["run_id"] == "abc"  # waited for the record instead of stopping
+    _as_rank(monkeypatch, 0)
+    on_main(tmp_path, "abc", lambda: None)  # finished already: the main process's work may just return
+    assert not (tmp_path / FAILED_FILE).exists()  # and the earlier job's marker is cleared
+
+
+def test_recorded_reads_only_a_record_of_the_run_id(tmp_path):
+    assert recorded(tmp_path, "abc") is None
+    mark_stage_done(tmp_path, "other")
+    assert recorded(tmp_path, "abc") is None
+    mark_stage_done(tmp_path, "abc")
+    assert recorded(tmp_path, "abc")["run_id"] == "abc"
+
+
+def test_only_the_main_process_notes_a_start_or_moves_a_folder_aside(tmp_path, monkeypatch):
+    stage = tmp_path / "teacher"
+    mark_stage_done(stage, "old")
+    _as_rank(monkeypatch, 1)
+    mark_stage_started(stage)
+    assert not (stage / STARTED_FILE).exists()
+    assert finished_or_superseded(stage, "new") is None
+    assert (stage / STAGE_FILE).is_file()  # left where it was: the main process moves it
+    _as_rank(monkeypatch, 0)
+    assert finished_or_superseded(stage, "new") is None
+    assert not stage.exists() and (tmp_path / "superseded" / "teacher-old" / STAGE_FILE).is_file()
+    mark_stage_started(stage)
+    assert json.loads((stage / STARTED_FILE).read_text())["resumed"] is False
