@@ -189,18 +189,22 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     mlm = mlm_stage(whole, out, device=device)[0] if copies else None
     _start("augmentation", folder)
 
+    made = {}
+
     def augment() -> None:  # one process augments; the others then read its shards
         factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
         augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                     replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
-        training_set = with_unlabelled(augmented, config, spec, folder, dev)
-        made, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
-        mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": made,
+        made["set"] = training_set = with_unlabelled(augmented, config, spec, folder, dev)
+        augmented_rows, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
+        mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": augmented_rows,
                                          "num_unlabelled": unlabelled, "device": str(device)})
         logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
-                    made, unlabelled, len(data["train"]))
+                    augmented_rows, unlabelled, len(data["train"]))
 
     on_main(folder, run_id, augment)
+    if "set" in made:
+        return made["set"], run_id
     return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
 
 

@@ -10,6 +10,10 @@ still writing.
 The others wait by reading the folder, not at a collective barrier: one process's work, such as augmenting a large
 training set, can take hours, longer than a process group's timeout (30 minutes by default). When the main process
 fails in that work, it leaves ``failed.json`` in the folder and the others stop with its error instead of waiting.
+The marker names its job (the launcher's rendezvous: ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``) and
+counts only when newer than the waiting process, so neither an earlier job's marker nor that of another job sharing
+a cache folder (general distillation's) stops this one. A failure ends the job: the processes cannot be kept in step
+after one of them fails alone (the ``seeds`` command stops at a failing seed under a multi-process launch).
 In a single process, :func:`on_main` just runs the work.
 """
 
@@ -26,7 +30,7 @@ import psutil
 
 from distill.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
 
-__all__ = ["FAILED_FILE", "MainProcessFailedError", "is_main_process", "on_main", "recorded"]
+__all__ = ["FAILED_FILE", "MainProcessFailedError", "is_main_process", "on_main", "recorded", "several_processes"]
 
 FAILED_FILE = "failed.json"
 # A failed.json older than this process was left by an earlier job (a launcher starts a job's processes together,
@@ -41,8 +45,14 @@ class MainProcessFailedError(CheckpointError):
     """The main process failed in a stage that this process was waiting for."""
 
 
-def _several_processes() -> bool:
+def several_processes() -> bool:
+    """Whether this process is one of several of a launch (``WORLD_SIZE`` above 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _job() -> str:
+    """What the processes of one launch share and another launch running at the same time does not."""
+    return ":".join(os.environ.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
 
 
 def recorded(folder: Path, run_id: str) -> dict | None:
@@ -85,9 +95,13 @@ def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
             if record is None:
                 raise RuntimeError(f"{folder}: the stage's work returned without recording it under run id {run_id}")
         except BaseException as error:
-            if _several_processes():  # the others are waiting for this folder: tell them, or they wait for ever
-                write_json_atomic(folder / FAILED_FILE, {"error": f"{type(error).__name__}: {error}",
-                                                         "pid": os.getpid(), "time": time.time()})
+            if several_processes():  # the others are waiting for this folder: tell them, or they wait for ever
+                try:
+                    write_json_atomic(folder / FAILED_FILE, {"error": f"{type(error).__name__}: {error}",
+                                                             "job": _job(), "pid": os.getpid()})
+                except OSError as failed:  # a full disk, say: the stage's own error is the one to raise
+                    logger.error("%s: could not leave %s for the other processes (%s); stop them", folder,
+                                 FAILED_FILE, failed)
             raise
         return record
     delay, longest = POLL_SECONDS
@@ -103,11 +117,14 @@ def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
 
 def _failure(folder: Path) -> str | None:
     """The error the main process of this job recorded in ``folder``; None when there is none, or only an earlier
-    job's."""
+    job's or another job's."""
     path = folder / FAILED_FILE
     try:
         if path.stat().st_mtime < _PROCESS_STARTED:
             return None
-        return str(json.loads(path.read_text(encoding="utf-8")).get("error", "no message"))
-    except (OSError, ValueError, AttributeError):
+        failure = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
+    if not isinstance(failure, dict) or failure.get("job") != _job():
+        return None
+    return str(failure.get("error", "no message"))

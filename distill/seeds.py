@@ -21,6 +21,7 @@ import torch
 from distill.checkpoint import is_main_process, output_lock, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.pipeline import run_pipeline
+from distill.processes import several_processes
 from distill.report import task_seconds
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,9 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
 
     A seed whose run fails (a teacher refused by its guard-rail, a loss that turned non-finite, a full disk) does not
     stop the others: its error is logged with its traceback and named in the summary, the remaining seeds run, and
-    the seeds that finished are summarised. Running the same command again reuses every finished stage.
+    the seeds that finished are summarised. Running the same command again reuses every finished stage. Under a
+    multi-process launch a failing seed stops the command (its error raised as it is): the processes cannot be kept
+    in step after one of them failed alone.
 
     Raises:
         ConfigError: no seed, a seed given twice, or ``export.push_to_hub`` set (:func:`seeded`), before any run.
@@ -77,6 +80,8 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
             try:
                 reports[seed] = run_pipeline(run_config, device)
             except Exception as error:  # noqa: BLE001 - one seed's failure is reported, the others still run
+                if several_processes():  # the processes cannot be kept in step after one failed alone: stop them all
+                    raise
                 logger.exception("seed %d failed; its finished stages are kept, going on with the next seed", seed)
                 failed[seed] = f"{type(error).__name__}: {error}"
         if reports:

@@ -102,3 +102,39 @@ def test_only_the_main_process_notes_a_start_or_moves_a_folder_aside(tmp_path, m
     assert not stage.exists() and (tmp_path / "superseded" / "teacher-old" / STAGE_FILE).is_file()
     mark_stage_started(stage)
     assert json.loads((stage / STARTED_FILE).read_text())["resumed"] is False
+
+
+def test_another_jobs_failure_in_a_shared_folder_does_not_stop_this_one(tmp_path, monkeypatch):
+    """Two launches may share a folder (general distillation's cache): a failure the other one recorded there, even
+    while this one runs, is not this job's."""
+    _as_rank(monkeypatch, 0)
+    monkeypatch.setenv("MASTER_PORT", "29501")
+
+    def make():
+        raise KeyboardInterrupt("SIGINT")
+
+    with pytest.raises(KeyboardInterrupt):
+        on_main(tmp_path, "abc", make)
+    assert (tmp_path / FAILED_FILE).is_file()
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setenv("MASTER_PORT", "29502")  # this job's rendezvous
+    threading.Timer(0.3, lambda: mark_stage_done(tmp_path, "abc")).start()
+    assert on_main(tmp_path, "abc", lambda: None)["run_id"] == "abc"
+
+
+def test_a_marker_that_cannot_be_written_leaves_the_stages_own_error(tmp_path, monkeypatch):
+    import errno
+
+    import distill.processes
+
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    _as_rank(monkeypatch, 0)
+    monkeypatch.setattr(distill.processes, "write_json_atomic", full_disk)
+
+    def make():
+        raise ValueError("the stage's own error")
+
+    with pytest.raises(ValueError, match="the stage's own error"):
+        on_main(tmp_path, "abc", make)

@@ -126,6 +126,26 @@ def test_a_bad_seeds_run_is_refused_before_anything_runs(tmp_path, capsys, flags
     assert not list((tmp_path / "x").glob("seed-*"))
 
 
+def test_under_a_multi_process_launch_a_failing_seed_stops_the_command(tmp_path, monkeypatch):
+    """One process failing alone cannot be kept in step with the others, so the command stops there."""
+    import distill.seeds as seeds
+    from teachers import ModelError
+
+    ran = []
+
+    def pipeline(config, device=None):
+        ran.append(config.distill.prediction.seed)
+        raise ModelError("the fine-tuned teacher scores accuracy 0.5000 on dev, at or below chance")
+
+    monkeypatch.setattr(seeds, "run_pipeline", pipeline)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # this process: the main one of two
+    out = tmp_path / "seeds"
+    config = load_config(str(ROOT / "configs" / "smoke.yaml"), {"output_dir": str(out)})
+    with pytest.raises(ModelError, match="at or below chance"):
+        run_seeds(config, [42, 43])
+    assert ran == [42] and not (out / "seeds.json").exists()
+
+
 def test_a_failing_seed_does_not_stop_the_others_and_the_finished_ones_are_summarised(tmp_path, monkeypatch, capsys):
     import distill.seeds as seeds
     from teachers import ModelError
