@@ -15,9 +15,11 @@ from augment.dataset import (
     augment_dataset,
     augment_examples,
     augment_fingerprint,
+    claim_shards,
     examples_to_augment,
     load_shards,
     save_dataset,
+    shard_names,
 )
 from augment.tokens import TagMask, only_tags, replacement_stats, word_candidates
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
@@ -32,9 +34,11 @@ __all__ = [
     "augment_fingerprint",
     "build_generator",
     "check_word_vectors",
+    "claim_shards",
     "generator_factory",
     "load_shards",
     "save_dataset",
+    "shard_names",
     "load_stopwords",
     "load_word_vectors",
     "match_case",

@@ -191,7 +191,8 @@ def augment_dataset(
     output_dir: Path,
     run_id: str | None = None,
     replaceable: Callable[[dict], list[bool]] | None = None,
-) -> datasets.Dataset:
+    share: tuple[int, int] = (0, 1),
+) -> datasets.Dataset | None:
     """Augment ``dataset`` (the first :func:`examples_to_augment` examples, as ``config.max_examples``,
     ``max_rows`` and ``max_mlm_words`` allow; the rest are kept as they are) into shards
     (TinyBERT, Jiao et al., 2020, §3.3, Algorithm 1; see :func:`augment_examples`).
@@ -216,9 +217,14 @@ def augment_dataset(
         replaceable: which words of the word-list column may be replaced, an example row -> W flags (see
             :func:`augment_examples`); picklable when ``config.num_workers`` > 1 (e.g.
             :class:`augment.tokens.TagMask`). None: every word.
+        share: (this process's index, number of processes) when several processes write the shards together (a
+            multi-process launch): this one writes the missing shards ``k`` with ``k % number == index`` and returns
+            None; the caller claims the folder first (:func:`claim_shards`), and once every share is written (see
+            :func:`shard_names`) calls this again without ``share`` for the rest and the whole set. The set is the one
+            a single process makes, each example drawing from its own RNG.
 
     Returns:
-        All shards concatenated (see :func:`load_shards`).
+        All shards concatenated (see :func:`load_shards`); None with a ``share`` of several processes.
 
     Raises:
         CheckpointError: ``output_dir`` holds shards of another run.
@@ -230,22 +236,21 @@ def augment_dataset(
         raise ValueError(f"replaceable masks the words of one word-list column; {list(text_columns)} hold "
                          f"{len(word_columns)} ({word_columns})")
     shard_dir = Path(output_dir) / SHARDS
-    _claim(shard_dir, run_id)
+    index, processes = share
+    if processes == 1:
+        _claim(shard_dir, run_id)
     features = _output_features(dataset)
-    mlm_words = None
-    if config.max_mlm_words is not None:
-        first = examples_to_augment(len(dataset), dataclasses.replace(config, max_mlm_words=None))
-        texts = dataset.select_columns(list(text_columns)).select(range(first))
-        mlm_words = [masked_lm_words(example, text_columns, config.mlm_context) for example in texts]
-    limit = examples_to_augment(len(dataset), config, mlm_words)
+    limit, mlm_words = _augmented_examples(dataset, text_columns, config)
     if mlm_words is not None:
         logger.info("augment.max_mlm_words %d: %d of the first %d examples augmented (%d words of masked-LM work)",
                     config.max_mlm_words, limit, len(mlm_words), sum(mlm_words[:limit]))
     jobs = [
         (k, list(range(k * config.shard_size, min((k + 1) * config.shard_size, limit))))
         for k in range(math.ceil(limit / config.shard_size))
-        if not (shard_dir / f"shard-{k:05d}").is_dir()
+        if k % processes == index and not (shard_dir / f"shard-{k:05d}").is_dir()
     ]
+    if processes > 1:
+        logger.info("augmentation: process %d of %d writes %d of the shards", index, processes, len(jobs))
     progress = tqdm(total=limit, initial=limit - sum(len(i) for _, i in jobs), desc="augment", unit="ex")
     tasks = ((dataset.select(indices).to_list(), indices, shard_dir / f"shard-{k:05d}") for k, indices in jobs)
     if config.num_workers > 1 and len(jobs) > 1:
@@ -264,6 +269,8 @@ def augment_dataset(
         for examples, indices, final in tasks:
             _write_shard(examples, indices, text_columns, built, config, features, final, progress.update, replaceable)
     progress.close()
+    if processes > 1:
+        return None
     rest = shard_dir / f"shard-{math.ceil(limit / config.shard_size):05d}"
     if limit < len(dataset) and not rest.is_dir():  # examples beyond max_examples, kept unaugmented
         tail = dataset.select(range(limit, len(dataset)))
@@ -271,6 +278,31 @@ def augment_dataset(
         tail = tail.add_column("is_augmented", [False] * len(tail)).cast(features)
         save_dataset(tail, rest)
     return load_shards(output_dir)
+
+
+def _augmented_examples(dataset: datasets.Dataset, text_columns: tuple[str, ...], config: AugmentConfig
+                        ) -> tuple[int, list[int] | None]:
+    """How many of the first examples are augmented (:func:`examples_to_augment`), and the masked-LM work of each of
+    the candidates when ``config.max_mlm_words`` is set (else None)."""
+    mlm_words = None
+    if config.max_mlm_words is not None:
+        first = examples_to_augment(len(dataset), dataclasses.replace(config, max_mlm_words=None))
+        texts = dataset.select_columns(list(text_columns)).select(range(first))
+        mlm_words = [masked_lm_words(example, text_columns, config.mlm_context) for example in texts]
+    return examples_to_augment(len(dataset), config, mlm_words), mlm_words
+
+
+def shard_names(dataset: datasets.Dataset, text_columns: tuple[str, ...], config: AugmentConfig) -> list[str]:
+    """The folders under ``<output_dir>/shards`` that :func:`augment_dataset` writes augmented examples to
+    (``shard-00000`` ...; the examples kept as they are go to one more, written last)."""
+    limit, _ = _augmented_examples(dataset, text_columns, config)
+    return [f"shard-{k:05d}" for k in range(math.ceil(limit / config.shard_size))]
+
+
+def claim_shards(output_dir: Path, run_id: str | None) -> None:
+    """Make ``<output_dir>/shards`` ready for :func:`augment_dataset`'s shares: remove the partial shards a killed run
+    left, and refuse shards of another run id (CheckpointError) or mark the folder as ``run_id``'s."""
+    _claim(Path(output_dir) / SHARDS, run_id)
 
 
 def _write_shard(examples, indices, text_columns, generator, config, features, final: Path, advance,

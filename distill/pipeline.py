@@ -31,10 +31,12 @@ from transformers import set_seed
 
 from augment import (
     augment_dataset,
+    claim_shards,
     examples_to_augment,
     generator_factory,
     load_shards,
     save_dataset,
+    shard_names,
 )
 from augment.dataset import masked_lm_words
 from distill.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
@@ -64,7 +66,7 @@ from distill.general import (
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.preflight import preflight
-from distill.processes import is_main_process, on_main
+from distill.processes import failure_marked, is_main_process, on_main, several_processes, wait_for
 from distill.report import (
     build_report,
     count_parameters,
@@ -188,13 +190,15 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
     mlm = mlm_stage(whole, out, device=device)[0] if copies else None
     _start("augmentation", folder)
-
+    factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
+    replaceable = spec.type.replaceable_words(spec, config.augment.replace_entities)
+    if factory is not None and several_processes():
+        _augment_shared(data["train"], spec.text_columns, factory, config.augment, folder, run_id, replaceable)
     made = {}
 
-    def augment() -> None:  # one process augments; the others then read its shards
-        factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
+    def augment() -> None:  # the main process augments (or, after a shared run, writes the rest); the others read it
         augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
-                                    replaceable=spec.type.replaceable_words(spec, config.augment.replace_entities))
+                                    replaceable=replaceable)
         made["set"] = training_set = with_unlabelled(augmented, config, spec, folder, dev)
         augmented_rows, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
         mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": augmented_rows,
@@ -206,6 +210,25 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     if "set" in made:
         return made["set"], run_id
     return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
+
+
+def _augment_shared(dataset: datasets.Dataset, text_columns: tuple[str, ...], factory, config, folder: Path,
+                    run_id: str, replaceable) -> None:
+    """Under a multi-process launch every process writes its share of the augmented shards, each with its own masked
+    LM on its own device (:func:`augment.augment_dataset`'s ``share``; each example draws from its own RNG, so the
+    set is the one a single process makes); returns in the main process once every shard is written. A process that
+    fails marks it, and the main process stops with its error instead of waiting."""
+    processes = PartialState()
+    if processes.is_main_process:
+        claim_shards(folder, run_id)
+    processes.wait_for_everyone()  # no shard is written before a killed run's partial ones are cleared
+    with failure_marked(folder):
+        augment_dataset(dataset, text_columns, factory, config, folder, run_id, replaceable,
+                        share=(processes.process_index, processes.num_processes))
+    if processes.is_main_process:
+        shards = folder / "shards"
+        names = shard_names(dataset, text_columns, config)
+        wait_for(folder, lambda: True if all((shards / name).is_dir() for name in names) else None)
 
 
 UNLABELLED = "unlabelled"

@@ -19,18 +19,21 @@ In a single process, :func:`on_main` just runs the work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import psutil
 
 from distill.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
 
-__all__ = ["FAILED_FILE", "MainProcessFailedError", "is_main_process", "on_main", "recorded", "several_processes"]
+__all__ = ["FAILED_FILE", "ProcessFailedError", "failure_marked", "is_main_process", "on_main", "recorded",
+           "several_processes", "wait_for"]
 
 FAILED_FILE = "failed.json"
 # A failed.json older than this process was left by an earlier job (a launcher starts a job's processes together,
@@ -39,10 +42,11 @@ _PROCESS_STARTED = psutil.Process().create_time()
 # Seconds between two looks at the folder while waiting: from the first to the last, doubling.
 POLL_SECONDS = (0.05, 2.0)
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class MainProcessFailedError(CheckpointError):
-    """The main process failed in a stage that this process was waiting for."""
+class ProcessFailedError(CheckpointError):
+    """Another process of this launch failed in a stage that this process was waiting for."""
 
 
 def several_processes() -> bool:
@@ -65,13 +69,52 @@ def recorded(folder: Path, run_id: str) -> dict | None:
     return record if isinstance(record, dict) and record.get("run_id") == run_id else None
 
 
+@contextlib.contextmanager
+def failure_marked(folder: Path) -> Iterator[None]:
+    """Run the block; if it raises (anything, ``KeyboardInterrupt`` included) while several processes run, first
+    leave ``<folder>/failed.json`` (the error, this launch, this process's rank) for the processes waiting on the
+    folder (:func:`wait_for`), then raise as it is. A marker that cannot be written (a full disk) is logged; the
+    block's own error is the one raised."""
+    try:
+        yield
+    except BaseException as error:
+        if several_processes():  # the others are waiting for this folder: tell them, or they wait for ever
+            try:
+                write_json_atomic(Path(folder) / FAILED_FILE, {
+                    "error": f"{type(error).__name__}: {error}", "job": _job(),
+                    "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()})
+            except OSError as failed:
+                logger.error("%s: could not leave %s for the other processes (%s); stop them", folder, FAILED_FILE,
+                             failed)
+        raise
+
+
+def wait_for(folder: Path, done: Callable[[], T | None]) -> T:
+    """Call ``done`` until it returns something other than None (every 0.05 s, backing off to every 2 s) and return
+    that; while waiting, a failure another process of this launch marked in ``folder`` (:func:`failure_marked`) ends
+    the wait.
+
+    Raises:
+        ProcessFailedError: a process of this launch failed in this folder's stage; its rank and error are named.
+    """
+    delay, longest = POLL_SECONDS
+    while (value := done()) is None:
+        failure = _failure(Path(folder))
+        if failure is not None:
+            raise ProcessFailedError(f"{folder}: {failure}; see that process's output, fix the cause and re-run the "
+                                     "same command")
+        time.sleep(delay)
+        delay = min(2 * delay, longest)
+    return value
+
+
 def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
     """Run ``make`` in the main process alone; every process returns the stage's record as stored.
 
     ``make`` must finish the stage: write every file of it, then its record, ``<folder>/stage.json`` under ``run_id``
     (:func:`distill.checkpoint.mark_stage_done`); when the stage is finished already, it may just return. The other
-    processes wait until that record is there (looking every 0.05 s, backing off to every 2 s), or until the main
-    process records that ``make`` failed.
+    processes wait until that record is there (:func:`wait_for`), or until the main process records that ``make``
+    failed.
 
     Args:
         folder: the stage's folder.
@@ -82,42 +125,25 @@ def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
         The record read back from ``stage.json``: the same dict, JSON types, in every process.
 
     Raises:
-        MainProcessFailedError: (another process) the main process failed in ``make``; its error is in the message.
+        ProcessFailedError: (another process) the main process failed in ``make``; its error is in the message.
         RuntimeError: (main process) ``make`` returned without recording the stage under ``run_id``.
         Whatever ``make`` raises (main process); with several processes it first writes ``<folder>/failed.json``.
     """
     folder = Path(folder)
-    if is_main_process():
-        (folder / FAILED_FILE).unlink(missing_ok=True)  # an earlier job's
-        try:
-            make()
-            record = recorded(folder, run_id)
-            if record is None:
-                raise RuntimeError(f"{folder}: the stage's work returned without recording it under run id {run_id}")
-        except BaseException as error:
-            if several_processes():  # the others are waiting for this folder: tell them, or they wait for ever
-                try:
-                    write_json_atomic(folder / FAILED_FILE, {"error": f"{type(error).__name__}: {error}",
-                                                             "job": _job(), "pid": os.getpid()})
-                except OSError as failed:  # a full disk, say: the stage's own error is the one to raise
-                    logger.error("%s: could not leave %s for the other processes (%s); stop them", folder,
-                                 FAILED_FILE, failed)
-            raise
-        return record
-    delay, longest = POLL_SECONDS
-    while (record := recorded(folder, run_id)) is None:
-        failure = _failure(folder)
-        if failure is not None:
-            raise MainProcessFailedError(f"{folder}: the main process stopped in this stage ({failure}); see its "
-                                         "output, fix the cause and re-run the same command")
-        time.sleep(delay)
-        delay = min(2 * delay, longest)
+    if not is_main_process():
+        return wait_for(folder, lambda: recorded(folder, run_id))
+    with failure_marked(folder):
+        make()
+        record = recorded(folder, run_id)
+        if record is None:
+            raise RuntimeError(f"{folder}: the stage's work returned without recording it under run id {run_id}")
+    (folder / FAILED_FILE).unlink(missing_ok=True)  # an earlier launch's, now out of date
     return record
 
 
 def _failure(folder: Path) -> str | None:
-    """The error the main process of this job recorded in ``folder``; None when there is none, or only an earlier
-    job's or another job's."""
+    """The failure a process of this launch recorded in ``folder`` ("process R stopped in this stage (error)"); None
+    when there is none, or only an earlier launch's or another launch's."""
     path = folder / FAILED_FILE
     try:
         if path.stat().st_mtime < _PROCESS_STARTED:
@@ -127,4 +153,4 @@ def _failure(folder: Path) -> str | None:
         return None
     if not isinstance(failure, dict) or failure.get("job") != _job():
         return None
-    return str(failure.get("error", "no message"))
+    return f"process {failure.get('rank', '?')} of this launch stopped in this stage ({failure.get('error')})"

@@ -198,5 +198,36 @@ def test_a_stage_failing_in_the_main_process_stops_the_other_with_its_error(tmp_
         [sys.executable, str(ROOT / "run_distill.py"), "pipeline", "--config", path], 2, use_cpu_flag=True)
     assert main_code == 2 and "min_dev_metric" in main_output, main_output[-3000:]
     assert other_code == 2, other_output[-3000:]
-    assert "the main process stopped in this stage" in other_output and "min_dev_metric" in other_output
+    assert "process 0 of this launch stopped in this stage" in other_output and "min_dev_metric" in other_output
     assert not (tmp_path / "run" / "teacher" / "stage.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU process group of a machine without CUDA")
+def test_two_processes_share_the_augmentation_and_make_the_set_one_process_makes(tmp_path):
+    """Each process writes its share of the augmented shards with its own masked LM; every example draws from its own
+    RNG, so the set is the one a single process makes, row for row."""
+    import yaml
+    from transformers import BertTokenizer
+
+    from augment import load_shards
+    from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job, tiny_masked_lm, tiny_vectors
+    from tests.glue_fixtures import write_glue_folder
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    masked_lm = tmp_path / "masked_lm"
+    tiny_masked_lm().save_pretrained(masked_lm)
+    tokenizer.save_pretrained(masked_lm)
+    tiny_vectors().save(str(tmp_path / "vectors.kv"))
+    path = tiny_job(tmp_path, tiny_bert(), tokenizer, task={"data_dir": str(write_glue_folder(tmp_path, "sst2"))},
+                    mlm={"model": str(masked_lm)},
+                    augment={"enabled": True, "num_copies": 3, "max_examples": 10, "shard_size": 2,
+                             "word_vectors": str(tmp_path / "vectors.kv")})
+    command = [sys.executable, str(ROOT / "run_distill.py"), "pipeline", "--config", path, "--output-dir"]
+    results = _ranks([*command, str(tmp_path / "two")], 2, use_cpu_flag=True)
+    assert all(code == 0 for code, _ in results), [output[-3000:] for _, output in results]
+    for rank, (_, output) in enumerate(results):
+        assert f"augmentation: process {rank} of 2 writes {3 if rank == 0 else 2} of the shards" in output
+    _launch([*command, str(tmp_path / "one")], 1, use_cpu_flag=False)
+    two, one = (load_shards(tmp_path / name / "augmented").to_list() for name in ("two", "one"))
+    assert len(two) == len(one) > 12 and two == one
+    assert sum(row["is_augmented"] for row in one) > 0

@@ -15,7 +15,7 @@ from distill.checkpoint import (
     mark_stage_done,
     mark_stage_started,
 )
-from distill.processes import FAILED_FILE, MainProcessFailedError, on_main, recorded
+from distill.processes import FAILED_FILE, ProcessFailedError, on_main, recorded
 
 
 def _as_rank(monkeypatch, rank: int, world_size: int = 2) -> None:
@@ -64,8 +64,8 @@ def test_the_main_process_failing_stops_the_others_with_its_error(tmp_path, monk
         on_main(tmp_path, "abc", make)
     assert json.loads((tmp_path / FAILED_FILE).read_text())["error"] == "ValueError: teacher at chance"
     _as_rank(monkeypatch, 1)
-    with pytest.raises(MainProcessFailedError, match=r"main process stopped in this stage \(ValueError: teacher at "
-                                                      r"chance\)"):
+    with pytest.raises(ProcessFailedError,
+                       match=r"process 0 of this launch stopped in this stage \(ValueError: teacher at chance\)"):
         on_main(tmp_path, "abc", lambda: None)
 
 
@@ -138,3 +138,20 @@ def test_a_marker_that_cannot_be_written_leaves_the_stages_own_error(tmp_path, m
 
     with pytest.raises(ValueError, match="the stage's own error"):
         on_main(tmp_path, "abc", make)
+
+
+def test_a_process_failing_in_shared_work_stops_the_main_one_waiting_for_it(tmp_path, monkeypatch):
+    """Work every process does its share of (augmentation): the main process waits for the others' shares, and one
+    that fails in its share ends that wait with its rank and error."""
+    from distill.processes import failure_marked, wait_for
+
+    _as_rank(monkeypatch, 1)
+    with pytest.raises(OSError, match="masked LM out of memory"):
+        with failure_marked(tmp_path):
+            raise OSError("masked LM out of memory")
+    _as_rank(monkeypatch, 0)
+    with pytest.raises(ProcessFailedError, match=r"process 1 of this launch stopped in this stage \(OSError: masked LM"):
+        wait_for(tmp_path, lambda: None)
+    (tmp_path / FAILED_FILE).unlink()
+    threading.Timer(0.2, lambda: (tmp_path / "shard-00001").mkdir()).start()
+    assert wait_for(tmp_path, lambda: True if (tmp_path / "shard-00001").is_dir() else None) is True
