@@ -19,7 +19,7 @@ from augment.dataset import (
     examples_to_augment,
     load_shards,
     save_dataset,
-    shard_names,
+    shard_folders,
 )
 from augment.tokens import TagMask, only_tags, replacement_stats, word_candidates
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
@@ -38,7 +38,7 @@ __all__ = [
     "generator_factory",
     "load_shards",
     "save_dataset",
-    "shard_names",
+    "shard_folders",
     "load_stopwords",
     "load_word_vectors",
     "match_case",

@@ -220,7 +220,7 @@ def augment_dataset(
         share: (this process's index, number of processes) when several processes write the shards together (a
             multi-process launch): this one writes the missing shards ``k`` with ``k % number == index`` and returns
             None; the caller claims the folder first (:func:`claim_shards`), and once every share is written (see
-            :func:`shard_names`) calls this again without ``share`` for the rest and the whole set. The set is the one
+            :func:`shard_folders`) calls this again without ``share`` for the rest and the whole set. The set is the one
             a single process makes, each example drawing from its own RNG.
 
     Returns:
@@ -292,11 +292,12 @@ def _augmented_examples(dataset: datasets.Dataset, text_columns: tuple[str, ...]
     return examples_to_augment(len(dataset), config, mlm_words), mlm_words
 
 
-def shard_names(dataset: datasets.Dataset, text_columns: tuple[str, ...], config: AugmentConfig) -> list[str]:
-    """The folders under ``<output_dir>/shards`` that :func:`augment_dataset` writes augmented examples to
-    (``shard-00000`` ...; the examples kept as they are go to one more, written last)."""
+def shard_folders(output_dir: Path, dataset: datasets.Dataset, text_columns: tuple[str, ...], config: AugmentConfig
+                  ) -> list[Path]:
+    """The folders :func:`augment_dataset` writes the augmented examples to, ``<output_dir>/shards/shard-00000`` ...
+    (the examples kept as they are go to one more, written last)."""
     limit, _ = _augmented_examples(dataset, text_columns, config)
-    return [f"shard-{k:05d}" for k in range(math.ceil(limit / config.shard_size))]
+    return [Path(output_dir) / SHARDS / f"shard-{k:05d}" for k in range(math.ceil(limit / config.shard_size))]
 
 
 def claim_shards(output_dir: Path, run_id: str | None) -> None:

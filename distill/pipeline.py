@@ -36,7 +36,7 @@ from augment import (
     generator_factory,
     load_shards,
     save_dataset,
-    shard_names,
+    shard_folders,
 )
 from augment.dataset import masked_lm_words
 from distill.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
@@ -226,9 +226,8 @@ def _augment_shared(dataset: datasets.Dataset, text_columns: tuple[str, ...], fa
         augment_dataset(dataset, text_columns, factory, config, folder, run_id, replaceable,
                         share=(processes.process_index, processes.num_processes))
     if processes.is_main_process:
-        shards = folder / "shards"
-        names = shard_names(dataset, text_columns, config)
-        wait_for(folder, lambda: True if all((shards / name).is_dir() for name in names) else None)
+        shards = shard_folders(folder, dataset, text_columns, config)
+        wait_for(folder, lambda: True if all(shard.is_dir() for shard in shards) else None)
 
 
 UNLABELLED = "unlabelled"
