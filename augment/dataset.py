@@ -251,7 +251,9 @@ def augment_dataset(
     ]
     if processes > 1:
         logger.info("augmentation: process %d of %d writes %d of the shards", index, processes, len(jobs))
-    progress = tqdm(total=limit, initial=limit - sum(len(i) for _, i in jobs), desc="augment", unit="ex")
+    mine = sum(len(range(k * config.shard_size, min((k + 1) * config.shard_size, limit)))
+               for k in range(index, math.ceil(limit / config.shard_size), processes))  # this process's share
+    progress = tqdm(total=mine, initial=mine - sum(len(i) for _, i in jobs), desc="augment", unit="ex")
     tasks = ((dataset.select(indices).to_list(), indices, shard_dir / f"shard-{k:05d}") for k, indices in jobs)
     if config.num_workers > 1 and len(jobs) > 1:
         factory = generator if not isinstance(generator, CandidateGenerator) else None

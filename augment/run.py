@@ -87,14 +87,18 @@ def run_augment(
         {"num_examples", "num_rows", "num_augmented", "seconds", "output", "sample" (first rows)}.
 
     Raises:
-        ConfigError: no masked LM given, or a task whose labels word replacement would change (question
-        answering). DataError: unreadable input, missing or non-text columns (neither strings
+        ConfigError: no masked LM given, a task whose labels word replacement would change (question answering),
+        or a multi-process launch (``WORLD_SIZE`` above 1). DataError: unreadable input, missing or non-text columns (neither strings
         nor lists of strings). ValueError: ``replaceable`` given without exactly one word-list column.
         CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
     """
     from augment import generator_factory
+    from distill.processes import several_processes
     from teachers.models import load_masked_lm
 
+    if several_processes():  # every process would write the same shards
+        raise ConfigError("augment runs in one process; under a multi-process launch the pipeline's augmentation "
+                          "stage shares the work out (or use augment.num_workers for worker processes)")
     if config.mlm.model is None:
         raise ConfigError("mlm.model: augment needs a masked LM: pass --mlm (a ...ForMaskedLM checkpoint; an encoder "
                           "without an MLM head gets one with `run_distill.py adapt-mlm`)")

@@ -219,15 +219,15 @@ def _augment_shared(dataset: datasets.Dataset, text_columns: tuple[str, ...], fa
     set is the one a single process makes); returns in the main process once every shard is written. A process that
     fails marks it, and the main process stops with its error instead of waiting."""
     processes = PartialState()
-    if processes.is_main_process:
-        claim_shards(folder, run_id)
-    processes.wait_for_everyone()  # no shard is written before a killed run's partial ones are cleared
     with failure_marked(folder):
+        if processes.is_main_process:
+            claim_shards(folder, run_id)
+        processes.wait_for_everyone()  # no shard is written before a killed run's partial ones are cleared
         augment_dataset(dataset, text_columns, factory, config, folder, run_id, replaceable,
                         share=(processes.process_index, processes.num_processes))
-    if processes.is_main_process:
-        shards = shard_folders(folder, dataset, text_columns, config)
-        wait_for(folder, lambda: True if all(shard.is_dir() for shard in shards) else None)
+        if processes.is_main_process:
+            shards = shard_folders(folder, dataset, text_columns, config)
+            wait_for(folder, lambda: True if all(shard.is_dir() for shard in shards) else None)
 
 
 UNLABELLED = "unlabelled"

@@ -1,15 +1,15 @@
 """Who writes a stage's files under a multi-process launch (``accelerate launch``, ``torchrun``).
 
-Every process of such a job runs the same code. Training is split across the processes (DDP, :mod:`distill.trainer`);
-the rest of a stage's work is not: evaluating a given teacher, augmenting the training set, computing the teacher's
-logits or outputs once, saving a trained model, evaluating it and writing the stage's record. That work is done by the
-main process alone (:func:`on_main`), and every other process waits for the record it writes (``stage.json``, written
-last), then reads what it wrote. So two processes never write one file, and no process reads a file that another is
-still writing.
+Every process of such a job runs the same code. Training is split across the processes (DDP, :mod:`distill.trainer`),
+and so is augmentation, shard by shard (each process writes its own shards: :func:`distill.pipeline.augment_stage`).
+The rest of a stage's work is not: evaluating a given teacher, computing the teacher's logits or outputs once, saving a
+trained model, evaluating it and writing the stage's record. That work is done by the main process alone
+(:func:`on_main`), and every other process waits for the record it writes (``stage.json``, written last), then reads
+what it wrote. So two processes never write one file, and no process reads a file that another is still writing.
 
-The others wait by reading the folder, not at a collective barrier: one process's work, such as augmenting a large
-training set, can take hours, longer than a process group's timeout (30 minutes by default). When the main process
-fails in that work, it leaves ``failed.json`` in the folder and the others stop with its error instead of waiting.
+Processes wait by reading the folder (:func:`wait_for`), not at a collective barrier: one process's work can take an
+hour, longer than a process group's timeout (30 minutes by default). A process that fails in such work
+(:func:`failure_marked`) leaves ``failed.json`` in the folder, and those waiting stop with its rank and error.
 The marker names its job (the launcher's rendezvous: ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``) and
 counts only when newer than the waiting process, so neither an earlier job's marker nor that of another job sharing
 a cache folder (general distillation's) stops this one. A failure ends the job: the processes cannot be kept in step
@@ -125,7 +125,8 @@ def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
         The record read back from ``stage.json``: the same dict, JSON types, in every process.
 
     Raises:
-        ProcessFailedError: (another process) the main process failed in ``make``; its error is in the message.
+        ProcessFailedError: (another process) a process of this launch failed in this folder's stage (the main one
+            in ``make``, or one in a shared part before it); its rank and error are in the message.
         RuntimeError: (main process) ``make`` returned without recording the stage under ``run_id``.
         Whatever ``make`` raises (main process); with several processes it first writes ``<folder>/failed.json``.
     """

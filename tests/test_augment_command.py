@@ -87,3 +87,18 @@ def test_augment_command_errors(assets, capsys, extra, message):
     import re
 
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_augment_refuses_a_multi_process_launch(assets, monkeypatch):
+    """Every process would write the same shards; the pipeline's stage is the one that shares augmentation out."""
+    from augment import run_augment
+    from distill.config import ConfigError, load_config
+
+    config = load_config(None, {"output_dir": str(assets / "out"), "mlm.model": str(assets / "mlm"),
+                                "augment.word_vectors": str(assets / "glove.txt")})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="augment runs in one process"):
+        run_augment(config, str(assets / "data.csv"), ["text"])
+    assert not (assets / "out").exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert run_augment(config, str(assets / "data.csv"), ["text"])["num_examples"] == 3
