@@ -151,8 +151,7 @@ def run_general_distillation(config: GeneralConfig, output_dir: str | Path, devi
     tokenizer = load_tokenizer(config.teacher)
     teacher = load_encoder(config.teacher)
     processes = PartialState()  # under `accelerate launch`: one process packs and saves, the others wait and read
-    if processes.is_main_process:
-        mark_stage_started(out)  # its record's seconds count from here, "resumed" when an earlier process began it
+    mark_stage_started(out)  # (in the main process) its record's seconds count from here
     pack = functools.partial(load_packed_corpus, config.corpus, tokenizer, config.max_seq_length, config.streaming,
                              cache_dir=out / "corpus", column=config.corpus_column, cache_id=corpus_id)
     if not config.streaming:  # one process packs and saves it; the others wait for it (by its record), then read it
