@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
 
 from distill.card import encoder_card
-from distill.checkpoint import mark_stage_done, mark_stage_started, stage_done
+from distill.checkpoint import mark_stage_done, mark_stage_started, stage_done, write_json_atomic
 from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
 from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.data import collator
@@ -35,7 +35,8 @@ from distill.fingerprints import content_or_name
 from distill.device import run_device
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
-from distill.processes import on_main
+from distill.processes import (failure_marked, from_this_launch, is_main_process, launch_marker, on_main,
+                               several_processes, wait_for)
 from distill.trainer import train
 from students import build_student, student_shape
 from teachers.models import load_config as load_model_config
@@ -99,22 +100,35 @@ def cache_folder(config: GeneralConfig, run_id: str) -> Path:
 
 
 @contextmanager
-def exclusive(folder: Path, enabled: bool = True):
+def exclusive(folder: Path):
     """Hold an exclusive lock on ``folder`` (a ``.lock`` file beside it) while the block runs: two pipelines that
-    need the same general stage make it once, the second waits and then reuses it. ``enabled`` False: no lock (the
-    other processes of one `accelerate launch` job, whose main process holds it for them: each process's own lock
-    would wait for the main one, which waits for them inside the stage)."""
+    need the same general stage make it once, the second waits and then reuses it.
+
+    Under a multi-process launch the main process takes the lock for all of the job's processes (each process's own
+    lock would wait for the main one, which waits for them inside the stage) and, once it holds it, says so in
+    ``<folder>.holder`` (:func:`distill.processes.launch_marker`); the others wait for that by reading the file, not
+    at a collective barrier: another job may hold the lock for longer than a process group's timeout (30 minutes).
+
+    Raises:
+        ProcessFailedError: (a process other than the main one) the main process stopped while taking the lock.
+    """
     import fcntl
 
-    if not enabled:
+    holder = folder.with_name(folder.name + ".holder")
+    if several_processes() and not is_main_process():
+        wait_for(folder, lambda: from_this_launch(holder))
         yield
         return
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.with_name(folder.name + ".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        with failure_marked(folder):  # interrupted while another job holds it: the others stop too
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            if several_processes():
+                write_json_atomic(holder, launch_marker())
             yield
         finally:
+            holder.unlink(missing_ok=True)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 

@@ -314,8 +314,7 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
     run_id, _ = general_run_id(general)
     folder = cache_folder(general, run_id)
     processes = PartialState()
-    with exclusive(folder, enabled=processes.is_main_process):
-        processes.wait_for_everyone()  # the job's other processes go on once its main process holds the lock
+    with exclusive(folder):  # the job's other processes go on once its main process holds the lock
         if processes.is_main_process and finished_or_superseded(folder, run_id) is None:
             _banner("general distillation (cached for reuse)", folder)
         processes.wait_for_everyone()

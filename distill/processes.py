@@ -32,8 +32,8 @@ import psutil
 
 from distill.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
 
-__all__ = ["FAILED_FILE", "ProcessFailedError", "failure_marked", "is_main_process", "on_main", "recorded",
-           "several_processes", "wait_for"]
+__all__ = ["FAILED_FILE", "ProcessFailedError", "failure_marked", "is_main_process", "launch_marker", "on_main",
+           "recorded", "several_processes", "from_this_launch", "wait_for"]
 
 FAILED_FILE = "failed.json"
 # A failed.json older than this process was left by an earlier job (a launcher starts a job's processes together,
@@ -59,6 +59,25 @@ def _job() -> str:
     return ":".join(os.environ.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
 
 
+def launch_marker(**fields: Any) -> dict:
+    """What a process leaves for the others of its launch: ``fields``, this launch (:func:`from_this_launch` matches it),
+    this process's rank and pid."""
+    return {**fields, "job": _job(), "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()}
+
+
+def from_this_launch(path: Path) -> dict | None:
+    """The marker at ``path`` (:func:`launch_marker`) when a process of this launch wrote it: its launch matches and
+    the file is newer than this process (an earlier launch of the same command may have had the same rendezvous).
+    None when there is none, or only an earlier or another launch's; never raises for either."""
+    try:
+        if Path(path).stat().st_mtime < _PROCESS_STARTED:
+            return None
+        marker = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get("job") == _job() else None
+
+
 def recorded(folder: Path, run_id: str) -> dict | None:
     """The record in ``<folder>/stage.json`` when the stage finished under ``run_id``; None when there is none yet or
     it is of another run id (a folder the main process is about to replace). Never raises for either."""
@@ -80,9 +99,7 @@ def failure_marked(folder: Path) -> Iterator[None]:
     except BaseException as error:
         if several_processes():  # the others are waiting for this folder: tell them, or they wait for ever
             try:
-                write_json_atomic(Path(folder) / FAILED_FILE, {
-                    "error": f"{type(error).__name__}: {error}", "job": _job(),
-                    "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()})
+                write_json_atomic(Path(folder) / FAILED_FILE, launch_marker(error=f"{type(error).__name__}: {error}"))
             except OSError as failed:
                 logger.error("%s: could not leave %s for the other processes (%s); stop them", folder, FAILED_FILE,
                              failed)
@@ -145,13 +162,7 @@ def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
 def _failure(folder: Path) -> str | None:
     """The failure a process of this launch recorded in ``folder`` ("process R stopped in this stage (error)"); None
     when there is none, or only an earlier launch's or another launch's."""
-    path = folder / FAILED_FILE
-    try:
-        if path.stat().st_mtime < _PROCESS_STARTED:
-            return None
-        failure = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(failure, dict) or failure.get("job") != _job():
+    failure = from_this_launch(folder / FAILED_FILE)
+    if failure is None:
         return None
     return f"process {failure.get('rank', '?')} of this launch stopped in this stage ({failure.get('error')})"

@@ -174,6 +174,7 @@ def test_every_stage_of_the_pipeline_runs_on_two_processes_and_resumes(tmp_path)
     assert not [name for name, record in records.items() if record.get("resumed")]
     general = json.loads((out / "general.json").read_text())
     assert general["run_id"] != "none" and (Path(general["folder"]) / "stage.json").is_file()
+    assert not list(Path(general["folder"]).parent.glob("*.holder"))  # the lock's holder file went with the lock
     assert json.loads((out / "report.json").read_text())["student"]["timing"]["reused"] is False
     assert (out / "student" / "README.md").is_file() and (out / "student" / "onnx" / "model.onnx").is_file()
     _launch(command, 2, use_cpu_flag=True)

@@ -190,24 +190,65 @@ def test_rerun_of_a_finished_general_distillation_is_skipped_and_another_config_
     assert "Traceback" not in result.stderr and not (root / "other" / "general" / "corpus").exists()
 
 
-def test_the_cache_lock_is_taken_by_the_main_process_only(tmp_path):
-    """Under `accelerate launch` the job's main process holds the general stage's lock for all of its processes: a
-    second process's own lock would wait for the main one, which waits for it inside the stage (a deadlock)."""
-    import fcntl
-    import threading
+# One process of a launch around the general stage's lock: "ready", then "entered <time>" inside it.
+_LOCK_TAKER = """
+import sys, time
+from pathlib import Path
+from distill.general import exclusive
+print("ready", flush=True)
+with exclusive(Path(sys.argv[1])):
+    print("entered", time.time(), flush=True)
+    time.sleep(1.0)
+"""
 
-    from distill.general import exclusive
+
+def _lock_takers(folder: Path, job_env: dict) -> list[subprocess.Popen]:
+    """The main process (rank 0) and another (rank 1) of one launch, each past its imports and about to take it."""
+    takers = [subprocess.Popen([sys.executable, "-c", _LOCK_TAKER, str(folder)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
+                               env={**os.environ, **job_env, "RANK": str(rank)}) for rank in (0, 1)]
+    for taker in takers:
+        assert taker.stdout.readline().strip() == "ready"
+    return takers
+
+
+def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_reading(tmp_path):
+    """Under `accelerate launch` the main process holds the general stage's lock for all of the job's processes (a
+    second process's own lock would wait for the main one, which waits for it inside the stage); the others wait
+    until the main one holds it, by reading its holder file, not at a collective barrier, which would time out after
+    30 minutes while another job holds the lock. An earlier launch's holder file lets nobody through, and a main
+    process stopped while waiting for the lock stops the others with its error."""
+    import fcntl
+    import signal
+    import time
 
     folder = tmp_path / "cache" / "minilm-4l312-x"
-    entered = threading.Event()
-    with exclusive(folder):  # the main process holds the lock
-        def other_process():
-            with exclusive(folder, enabled=False):
-                entered.set()
-        thread = threading.Thread(target=other_process)
-        thread.start()
-        thread.join(timeout=10)
-        assert entered.is_set()
-        with open(folder.with_name(folder.name + ".lock"), "w") as handle:  # and it is held: a second taker waits
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    folder.parent.mkdir(parents=True)
+    job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "TORCHELASTIC_RUN_ID": "none"}
+    holder = folder.with_name(folder.name + ".holder")
+    holder.write_text(json.dumps({"job": "127.0.0.1:29517:none", "rank": 0, "pid": 1}))  # an earlier launch's
+    os.utime(holder, (time.time() - 3600,) * 2)
+    with open(folder.with_name(folder.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # another job holds the lock
+        takers = _lock_takers(folder, job)
+        time.sleep(3.0)  # long enough for either to have gone in, were it not waiting
+        released = time.time()
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        outputs = [taker.communicate(timeout=120) for taker in takers]
+    assert [taker.returncode for taker in takers] == [0, 0], [err for _, err in outputs]
+    entered = [float(out.split()[-1]) for out, _ in outputs]
+    assert min(entered) >= released  # neither went in while the other job held it
+    assert not holder.exists()  # the main process's holder file is gone with its lock
+
+    # The main process stopped (Ctrl-C) while the lock is held elsewhere: the other stops with its rank and error.
+    with open(folder.with_name(folder.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        main, other = _lock_takers(folder, {**job, "MASTER_PORT": "29518"})
+        time.sleep(1.0)
+        main.send_signal(signal.SIGINT)
+        _, main_err = main.communicate(timeout=120)
+        _, other_err = other.communicate(timeout=120)
+    assert main.returncode != 0 and "KeyboardInterrupt" in main_err
+    assert other.returncode != 0
+    assert "ProcessFailedError" in other_err and "process 0 of this launch stopped" in other_err
+    assert "KeyboardInterrupt" in other_err.splitlines()[-1]
