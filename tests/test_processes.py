@@ -15,7 +15,8 @@ from distill.checkpoint import (
     mark_stage_done,
     mark_stage_started,
 )
-from distill.processes import FAILED_FILE, ProcessFailedError, on_main, recorded
+from distill import processes
+from distill.processes import FAILED_FILE, ProcessFailedError, launch_marker, on_main, recorded
 
 
 def _as_rank(monkeypatch, rank: int, world_size: int = 2) -> None:
@@ -70,10 +71,14 @@ def test_the_main_process_failing_stops_the_others_with_its_error(tmp_path, monk
 
 
 def test_an_earlier_jobs_failure_is_not_this_jobs(tmp_path, monkeypatch):
-    (tmp_path / FAILED_FILE).write_text(json.dumps({"error": "ValueError: an earlier run"}))
-    hour_ago = time.time() - 3600
-    os.utime(tmp_path / FAILED_FILE, (hour_ago, hour_ago))
+    """An earlier launch of the same command (the same rendezvous, so the same job in the marker) left its marker:
+    older than this process, it does not stop it; the same marker written now does."""
     _as_rank(monkeypatch, 1)
+    (tmp_path / FAILED_FILE).write_text(json.dumps(launch_marker(error="ValueError: an earlier run")))
+    with pytest.raises(ProcessFailedError, match="an earlier run"):  # the control: written during this process
+        on_main(tmp_path, "abc", lambda: None)
+    before_this_process = processes._PROCESS_STARTED - 10
+    os.utime(tmp_path / FAILED_FILE, (before_this_process, before_this_process))
     threading.Timer(0.2, lambda: mark_stage_done(tmp_path, "abc")).start()
     assert on_main(tmp_path, "abc", lambda: None)["run_id"] == "abc"  # waited for the record instead of stopping
     _as_rank(monkeypatch, 0)

@@ -15,6 +15,7 @@ from transformers import BertTokenizer
 
 import run_distill
 from distill.config import load_config
+from distill.report import CHANCE_MARGIN
 from distill.seeds import SEEDED_SECTIONS, run_seeds, seeds_markdown, summarize
 from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
 
@@ -105,16 +106,23 @@ def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
     # The summary is made of the runs' own records, and seeds.json holds it as returned.
     saved = json.loads((out / "seeds.json").read_text())
     assert saved == summary and [run["seed"] for run in saved["runs"]] == [7, 8]
+    # Chance, from the dev labels themselves: the share of the most common one.
+    labels = [line.split("\t")[-1] for line in (tmp_path / "sst2" / "dev.tsv").read_text().splitlines()[1:]]
+    majority = max(labels.count(label) for label in set(labels)) / len(labels)
     for run in saved["runs"]:
         teacher, student = records[run["seed"]]["teacher"]["dev"], records[run["seed"]]["student"]["dev"]
-        # A tiny teacher may be at chance: then the run's report gives no share, and neither does the summary.
+        # A tiny model may be at chance: then the run's report gives no share, and neither does the summary.
+        at_chance = min(teacher["accuracy"], student["accuracy"]) < majority + CHANCE_MARGIN
         note = json.loads((out / f"seed-{run['seed']}" / "report.json").read_text())["student"]["retained_note"]
+        assert (note is not None) == at_chance, (note, teacher, student, majority)
         assert run["student"] == student and run["retained_note"] == note
-        assert run["retained"]["accuracy"] == (None if note else pytest.approx(student["accuracy"] / teacher["accuracy"]))
-    mean = statistics.fmean(records[s]["student"]["dev"]["accuracy"] for s in (7, 8))
-    assert saved["over_seeds"]["student"]["accuracy"]["mean"] == pytest.approx(mean)
+        assert run["retained"]["accuracy"] == (None if at_chance else pytest.approx(student["accuracy"] / teacher["accuracy"]))
+    for role in ("teacher", "student"):
+        mean = statistics.fmean(records[s][role]["dev"]["accuracy"] for s in (7, 8))
+        assert saved["over_seeds"][role]["accuracy"]["mean"] == pytest.approx(mean)
     table = (out / "seeds.md").read_text()
-    assert table.count("\n| 7 |") == 1 and f"| mean ± sd | {saved['over_seeds']['teacher']['accuracy']['mean']:.4f}" in table
+    teacher_mean = statistics.fmean(records[s]["teacher"]["dev"]["accuracy"] for s in (7, 8))
+    assert table.count("\n| 7 |") == 1 and f"| mean ± sd | {teacher_mean:.4f}" in table
 
 
 @pytest.mark.parametrize("flags, message", [(["--seeds", "1", "1"], "distinct seeds"),

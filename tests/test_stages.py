@@ -65,9 +65,12 @@ def test_the_teacher_dev_metrics_are_the_selections_own_score_of_the_kept_weight
     calls = []
     real = finetune.evaluate
 
-    def evaluate(*args, **kwargs):  # the real scores, and which evaluation gave them
+    def evaluate(*args, **kwargs):  # the real scores, and which evaluation gave them; the last one made the worst
         calls.append(1)
-        return {**real(*args, **kwargs), "evaluation": len(calls)}
+        scores = real(*args, **kwargs)
+        if len(calls) == 2:
+            scores = {name: value - 1.0 for name, value in scores.items()}
+        return {**scores, "evaluation": len(calls)}
 
     monkeypatch.setattr(finetune, "evaluate", evaluate)
     monkeypatch.setattr(finetune, "evaluate_task", lambda *a, **k: pytest.fail("the dev set was scored again"))
@@ -75,8 +78,8 @@ def test_the_teacher_dev_metrics_are_the_selections_own_score_of_the_kept_weight
                                        device="cpu")
     evaluations = record["selection"]["evaluations"]
     assert [step for step, _ in evaluations] == [1, 2] and len(calls) == 2
-    best = [step for step, _ in evaluations].index(record["selection"]["best_step"]) + 1
-    assert record["dev"].pop("evaluation") == best  # the kept step's scores, not the last evaluation's
+    assert record["selection"]["best_step"] == 1
+    assert record["dev"].pop("evaluation") == 1  # the kept step's scores, not the last evaluation's
     model = spec.type.model_class(spec).from_pretrained(tmp_path / "teacher")
     assert record["dev"] == evaluate_task(model, data, tokenizer, spec, config.task.max_seq_length, device="cpu")
 

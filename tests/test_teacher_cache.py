@@ -230,8 +230,11 @@ def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_tok
         for row, want in zip(stored, expected):
             assert np.asarray(row, dtype=np.float32).shape == want.shape
             assert np.array_equal(np.asarray(row, dtype=np.float32), want)
+        calls = []
+        hook = teacher.register_forward_hook(lambda *args: calls.append(1))
         again = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", device=torch.device("cpu"))
-        assert again["teacher_logits"] == stored  # read back from disk, not recomputed differently
+        hook.remove()
+        assert not calls and again["teacher_logits"] == stored  # read back from disk: the teacher never ran again
 
 
 def test_a_cache_built_from_left_padded_batches_gives_the_uncached_losses(tmp_path, tiny_roberta_tokenizer):

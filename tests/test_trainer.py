@@ -337,14 +337,16 @@ def test_fp16_resume_restores_the_loss_scale(tmp_path, tiny_tokenizer):
         if accelerator.scaler is None:  # a CPU, where accelerate sets up no scaler
             accelerator.native_amp = True
             accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+            accelerator.ours = True
         return accelerator
 
     config = TrainConfig(max_steps=4, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=5,
                          mixed_precision="fp16")
     whole = fp16_accelerator()
-    train(_distill_objective(), _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run", accelerator=whole)
-    if whole.scaler.get_scale() != 1024.0 * 2**4:
+    if not getattr(whole, "ours", False):
         pytest.skip("this accelerate set up its own scaler (a GPU): the growth schedule differs")
+    train(_distill_objective(), _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run", accelerator=whole)
+    assert whole.scaler.get_scale() == 1024.0 * 2**4  # four steps, none overflowed: the scale doubled each time
     with pytest.raises(TrainingInterrupted):
         train(_sigterm_in_step(2), _data(), _Pad(tiny_tokenizer), config, tmp_path / "b", "run",
               accelerator=fp16_accelerator())
@@ -637,11 +639,11 @@ def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(t
 
 
 def test_a_folder_another_process_moved_aside_first_is_not_an_error(tmp_path, monkeypatch):
-    """Under a multi-process launch every process finds the old run's folder; the first moves it to superseded/, the
-    others find it gone and go on."""
+    """The old run's folder is gone between reading its run ids and moving it aside (moved by another): not an
+    error; nothing is moved and the stage runs."""
     from distill import checkpoint
 
     folder = tmp_path / "student"
     monkeypatch.setattr(checkpoint, "folder_run_ids", lambda directory: {"old-run"})  # read before the move ...
-    assert checkpoint.finished_or_superseded(folder, "new-run") is None  # ... which another process then made
-    assert not folder.exists()
+    assert checkpoint.finished_or_superseded(folder, "new-run") is None  # ... which another then made
+    assert not list((tmp_path / checkpoint.SUPERSEDED).iterdir())
