@@ -126,8 +126,10 @@ def test_same_output_for_any_batch_and_shard_size_and_after_resume(generator, tm
     shards = sorted((tmp_path / "a" / "shards").glob("shard-*"))
     assert len(shards) == 3
     shutil.rmtree(shards[1])  # as if killed before the second shard was renamed into place
+    first = shards[0].stat().st_ino
     resumed = augment_dataset(_ner_dataset(), ("tokens",), generator, config, tmp_path / "a", "run", mask)
     assert resumed.to_list() == rows
+    assert shards[0].stat().st_ino == first  # resumed at the missing shard: the finished one was not written again
 
 
 def test_worker_processes_with_a_tag_mask_give_the_same_output(tmp_path):

@@ -15,6 +15,9 @@ from distill.data import get_task
 from tests.conftest import SPECIAL, WORDS, tiny_bert
 
 SENTENCES = ["the movie was good", "a bad film", "the plot was fun", "boring story", "great cast", "not fun"]
+# Dev labels on which the two models score differently (the teacher 3 of 6, the small model 5 of 6), so that each
+# row's accuracy shows which model it scored.
+LABELS = [0, 1, 0, 0, 1, 1]
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +25,13 @@ def bench(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
     for name, model in {"teacher": tiny_bert(seed=0, num_hidden_layers=4, hidden_size=64, intermediate_size=128),
-                        "small": tiny_bert(seed=1, hidden_size=16, intermediate_size=32)}.items():
+                        "small": tiny_bert(seed=1, hidden_size=16, intermediate_size=32, initializer_range=0.5)}.items():
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
-    dev = datasets.Dataset.from_dict({"sentence": SENTENCES * 4, "label": [1, 0, 1, 0, 1, 0] * 4})
-    config = BenchmarkConfig(batch_sizes=[1, 4], seq_lengths=[8, 16], num_warmup=1, min_repeats=3, max_repeats=5,
-                             num_threads=1)
+    dev = datasets.Dataset.from_dict({"sentence": SENTENCES * 4, "label": LABELS * 4})
     THREADS["before"] = torch.get_num_threads()
+    config = BenchmarkConfig(batch_sizes=[1, 4], seq_lengths=[8, 16], num_warmup=1, min_repeats=3, max_repeats=5,
+                             num_threads=1 if THREADS["before"] > 1 else 2)  # not the process's own count
     report = run_benchmark(root / "teacher", {"small": (root / "small", "random")}, get_task("sst2"), dev, config,
                            root / "out", max_seq_length=16)
     THREADS["after"] = torch.get_num_threads()
@@ -39,7 +42,7 @@ THREADS: dict[str, int] = {}
 
 
 def test_the_thread_count_it_timed_at_is_not_left_behind(bench):
-    assert THREADS["after"] == THREADS["before"]  # the process's count, not the benchmark's 1
+    assert THREADS["after"] == THREADS["before"]  # the process's count, not the one the benchmark timed at
 
 
 def test_p90_and_the_stop_rule_interpolate_as_the_report_does():
@@ -63,7 +66,22 @@ def test_every_model_and_variant_is_a_row_with_all_columns(bench):
         assert all(row["latency_p90_ms"][k] >= row["latency_ms"][k] > 0 for k in row["latency_ms"])
         assert row["samples_per_s"] == pytest.approx(4 / (row["latency_ms"]["b4_t16"] / 1000))
         assert row["peak_memory_mb"] > 0 and row["size_mb"] > 0
+    # Each row's accuracy is its own model's, predicted here independently: the saved model, its int8 copy, its ONNX
+    # files.
+    from transformers import AutoModelForSequenceClassification
+
+    batch = BertTokenizer.from_pretrained(root / "teacher")(SENTENCES, padding=True, return_tensors="pt")
+    for name in ("teacher", "small"):
+        model = AutoModelForSequenceClassification.from_pretrained(root / name).eval()
+        with torch.no_grad():
+            logits = {name: model(**batch).logits, f"{name} (int8)": quantize_torch(model)(**batch).logits}
+        for variant in ("onnx", "onnx-int8"):
+            logits[f"{name} ({variant})"] = OnnxClassifier(rows[f"{name} ({variant})"]["path"])(**batch).logits
+        for row, values in logits.items():
+            expected = sum(int(p == y) for p, y in zip(values.argmax(-1).tolist(), LABELS)) / len(LABELS)
+            assert rows[row]["accuracy"] == pytest.approx(expected), row
     teacher, small = rows["teacher"], rows["small"]
+    assert (teacher["accuracy"], small["accuracy"]) == (pytest.approx(3 / 6), pytest.approx(5 / 6))
     assert small["ratios"]["smaller_by"] == pytest.approx(teacher["num_parameters"] / small["num_parameters"])
     assert small["ratios"]["faster_by"] == pytest.approx(teacher["latency_ms"]["b4_t16"] / small["latency_ms"]["b4_t16"])
     assert small["ratios"]["metric_retained"] == pytest.approx(small["accuracy"] / teacher["accuracy"])
