@@ -201,8 +201,9 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
                                     replaceable=replaceable)
         made["set"] = training_set = with_unlabelled(augmented, config, spec, folder, dev)
         augmented_rows, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
+        shared = {"num_processes": PartialState().num_processes} if several_processes() else {}  # each on its device
         mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": augmented_rows,
-                                         "num_unlabelled": unlabelled, "device": str(device)})
+                                         "num_unlabelled": unlabelled, "device": str(device), **shared})
         logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
                     augmented_rows, unlabelled, len(data["train"]))
 

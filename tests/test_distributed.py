@@ -176,6 +176,7 @@ def test_every_stage_of_the_pipeline_runs_on_two_processes_and_resumes(tmp_path)
     out = tmp_path / "run"
     records = _stage_records(out)
     assert {"teacher", "mlm", "augmented", "student_intermediate", "teacher_logits", "student"} <= set(records)
+    assert records["augmented"]["num_processes"] == 2  # shared out: the record says by how many
     assert not [p for p in tmp_path.rglob("failed.json")]
     # started.json is written once, by the main process: a second writer would find the first's and say "resumed"
     assert not [name for name, record in records.items() if record.get("resumed")]
