@@ -35,8 +35,8 @@ from distill.fingerprints import content_or_name
 from distill.device import run_device
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms
-from distill.processes import (failure_marked, from_this_launch, is_main_process, launch_marker, on_main,
-                               several_processes, wait_for)
+from distill.processes import (FAILED_FILE, failure_marked, from_this_launch, is_main_process, launch_marker,
+                               on_main, several_processes, wait_for)
 from distill.trainer import train
 from students import build_student, student_shape
 from teachers.models import load_config as load_model_config
@@ -99,6 +99,11 @@ def cache_folder(config: GeneralConfig, run_id: str) -> Path:
     return root / name
 
 
+# How many times this process has entered :func:`exclusive` for a folder: the processes of a launch enter in step, so
+# the count tells the holder file of this entry from that of the previous one (a sweep's next student).
+_ENTRIES: dict[str, int] = {}
+
+
 @contextmanager
 def exclusive(folder: Path):
     """Hold an exclusive lock on ``folder`` (a ``.lock`` file beside it) while the block runs: two pipelines that
@@ -106,30 +111,45 @@ def exclusive(folder: Path):
 
     Under a multi-process launch the main process takes the lock for all of the job's processes (each process's own
     lock would wait for the main one, which waits for them inside the stage) and, once it holds it, says so in
-    ``<folder>.holder`` (:func:`distill.processes.launch_marker`); the others wait for that by reading the file, not
-    at a collective barrier: another job may hold the lock for longer than a process group's timeout (30 minutes).
+    ``<folder>.holder`` (:func:`distill.processes.launch_marker`, with this entry's count); the others wait for that
+    by reading the file, not at a collective barrier: another job may hold the lock for longer than a process group's
+    timeout (30 minutes). The block must keep the main process in it until the others are in (its first step a
+    barrier, as in :func:`distill.pipeline.general_stage`): the holder file goes with the lock.
 
     Raises:
-        ProcessFailedError: (a process other than the main one) the main process stopped while taking the lock.
+        ProcessFailedError: (a process other than the main one) the main process stopped before it held the lock.
     """
     import fcntl
 
     holder = folder.with_name(folder.name + ".holder")
+    entry = _ENTRIES[str(folder)] = _ENTRIES.get(str(folder), 0) + 1
     if several_processes() and not is_main_process():
-        wait_for(folder, lambda: from_this_launch(holder))
+        wait_for(folder, lambda: _held(holder, entry))
         yield
         return
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as handle:
-        with failure_marked(folder):  # interrupted while another job holds it: the others stop too
+    handle, held = None, False
+    try:
+        with failure_marked(folder):  # the others wait for the holder file: a failure before it must stop them
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(folder.with_name(folder.name + ".lock"), "w")
             fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
+            held = True
+            (folder / FAILED_FILE).unlink(missing_ok=True)  # an earlier launch's, now out of date
             if several_processes():
-                write_json_atomic(holder, launch_marker())
-            yield
-        finally:
+                write_json_atomic(holder, launch_marker(entry=entry))
+        yield
+    finally:
+        if held:
             holder.unlink(missing_ok=True)
             fcntl.flock(handle, fcntl.LOCK_UN)
+        if handle is not None:
+            handle.close()
+
+
+def _held(holder: Path, entry: int) -> dict | None:
+    """The holder file's marker when this launch's main process wrote it for this ``entry``; else None."""
+    marker = from_this_launch(holder)
+    return marker if marker is not None and marker.get("entry") == entry else None
 
 
 def run_general_distillation(config: GeneralConfig, output_dir: str | Path, device: torch.device | None = None) -> dict:

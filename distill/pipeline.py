@@ -192,7 +192,8 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
     replaceable = spec.type.replaceable_words(spec, config.augment.replace_entities)
-    if factory is not None and several_processes():
+    shared = factory is not None and several_processes()
+    if shared:
         _augment_shared(data["train"], spec.text_columns, factory, config.augment, folder, run_id, replaceable)
     made = {}
 
@@ -201,9 +202,9 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
                                     replaceable=replaceable)
         made["set"] = training_set = with_unlabelled(augmented, config, spec, folder, dev)
         augmented_rows, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
-        shared = {"num_processes": PartialState().num_processes} if several_processes() else {}  # each on its device
+        processes = {"num_processes": PartialState().num_processes} if shared else {}  # each on its own device
         mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": augmented_rows,
-                                         "num_unlabelled": unlabelled, "device": str(device), **shared})
+                                         "num_unlabelled": unlabelled, "device": str(device), **processes})
         logger.info("augmentation: %d rows (%d augmented, %d unlabelled) from %d examples", len(training_set),
                     augmented_rows, unlabelled, len(data["train"]))
 

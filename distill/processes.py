@@ -10,9 +10,9 @@ what it wrote. So two processes never write one file, and no process reads a fil
 Processes wait by reading the folder (:func:`wait_for`), not at a collective barrier: one process's work can take an
 hour, longer than a process group's timeout (30 minutes by default). A process that fails in such work
 (:func:`failure_marked`) leaves ``failed.json`` in the folder, and those waiting stop with its rank and error.
-The marker names its job (the launcher's rendezvous: ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``) and
-counts only when newer than the waiting process, so neither an earlier job's marker nor that of another job sharing
-a cache folder (general distillation's) stops this one. A failure ends the job: the processes cannot be kept in step
+The marker names its job (the launcher's rendezvous, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID``,
+and its restart, ``TORCHELASTIC_RESTART_COUNT``) and counts only when newer than the waiting process, so neither an
+earlier job's marker nor that of another job sharing a cache folder (general distillation's) stops this one. A failure ends the job: the processes cannot be kept in step
 after one of them fails alone (the ``seeds`` command stops at a failing seed under a multi-process launch).
 In a single process, :func:`on_main` just runs the work.
 """
@@ -56,7 +56,8 @@ def several_processes() -> bool:
 
 def _job() -> str:
     """What the processes of one launch share and another launch running at the same time does not."""
-    return ":".join(os.environ.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"))
+    return ":".join(os.environ.get(name, "") for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                                                          "TORCHELASTIC_RESTART_COUNT"))
 
 
 def launch_marker(**fields: Any) -> dict:

@@ -190,29 +190,50 @@ def test_rerun_of_a_finished_general_distillation_is_skipped_and_another_config_
     assert "Traceback" not in result.stderr and not (root / "other" / "general" / "corpus").exists()
 
 
-# One process of a launch around the general stage's lock: "ready", then "entered <time>" inside it.
+# One process of a launch around the general stage's lock: "ready", then "entered <time>" inside it. The main process
+# stays in until the other is in too, as general_stage's barrier at the start of the block keeps it.
 _LOCK_TAKER = """
 import sys, time
 from pathlib import Path
 from distill.general import exclusive
+folder, rank = Path(sys.argv[1]), sys.argv[2]
+other_in = folder.with_name("other-entered")
 print("ready", flush=True)
-with exclusive(Path(sys.argv[1])):
+with exclusive(folder):
     print("entered", time.time(), flush=True)
-    time.sleep(1.0)
+    if rank == "1":
+        other_in.touch()
+    deadline = time.time() + 60
+    while not other_in.exists():
+        if time.time() > deadline:
+            sys.exit("the other process did not go in while the main one held the lock")
+        time.sleep(0.05)
 """
 
 
-def _lock_takers(folder: Path, job_env: dict) -> list[subprocess.Popen]:
+def _lock_takers(folder: Path) -> list[subprocess.Popen]:
     """The main process (rank 0) and another (rank 1) of one launch, each past its imports and about to take it."""
-    takers = [subprocess.Popen([sys.executable, "-c", _LOCK_TAKER, str(folder)], stdout=subprocess.PIPE,
+    takers = [subprocess.Popen([sys.executable, "-c", _LOCK_TAKER, str(folder), str(rank)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
-                               env={**os.environ, **job_env, "RANK": str(rank)}) for rank in (0, 1)]
+                               env={**os.environ, "RANK": str(rank)}) for rank in (0, 1)]
     for taker in takers:
         assert taker.stdout.readline().strip() == "ready"
     return takers
 
 
-def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_reading(tmp_path):
+def _waits_for_flock(pid: int) -> None:
+    """Return once process ``pid`` is blocked waiting for a flock (a "->" line of /proc/locks)."""
+    import time
+
+    deadline = time.time() + 60
+    while not any(line.split()[1:3] == ["->", "FLOCK"] and line.split()[5] == str(pid)
+                  for line in Path("/proc/locks").read_text().splitlines()):
+        assert time.time() < deadline, f"process {pid} never waited for the lock"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the kernel's table of waiting locks")
+def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_reading(tmp_path, monkeypatch):
     """Under `accelerate launch` the main process holds the general stage's lock for all of the job's processes (a
     second process's own lock would wait for the main one, which waits for it inside the stage); the others wait
     until the main one holds it, by reading its holder file, not at a collective barrier, which would time out after
@@ -222,29 +243,35 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
     import signal
     import time
 
+    from distill import processes
+
     folder = tmp_path / "cache" / "minilm-4l312-x"
     folder.parent.mkdir(parents=True)
-    job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "TORCHELASTIC_RUN_ID": "none"}
+    for name, value in {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517",
+                        "TORCHELASTIC_RUN_ID": "none"}.items():
+        monkeypatch.setenv(name, value)
     holder = folder.with_name(folder.name + ".holder")
-    holder.write_text(json.dumps({"job": "127.0.0.1:29517:none", "rank": 0, "pid": 1}))  # an earlier launch's
+    holder.write_text(json.dumps(processes.launch_marker(entry=1)))  # this rendezvous's, but an earlier launch's
     os.utime(holder, (time.time() - 3600,) * 2)
     with open(folder.with_name(folder.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # another job holds the lock
-        takers = _lock_takers(folder, job)
-        time.sleep(3.0)  # long enough for either to have gone in, were it not waiting
+        takers = _lock_takers(folder)
+        _waits_for_flock(takers[0].pid)
+        time.sleep(3.0)  # long enough for the other to have gone in, were it not waiting
         released = time.time()
         fcntl.flock(handle, fcntl.LOCK_UN)
         outputs = [taker.communicate(timeout=120) for taker in takers]
+    # Both went in after the other job let go, and together: the other while the main one held the lock.
     assert [taker.returncode for taker in takers] == [0, 0], [err for _, err in outputs]
-    entered = [float(out.split()[-1]) for out, _ in outputs]
-    assert min(entered) >= released  # neither went in while the other job held it
-    assert not holder.exists()  # the main process's holder file is gone with its lock
+    assert min(float(out.split()[-1]) for out, _ in outputs) >= released
+    assert not holder.exists()  # the main process's holder file went with its lock
 
     # The main process stopped (Ctrl-C) while the lock is held elsewhere: the other stops with its rank and error.
+    monkeypatch.setenv("MASTER_PORT", "29518")
     with open(folder.with_name(folder.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        main, other = _lock_takers(folder, {**job, "MASTER_PORT": "29518"})
-        time.sleep(1.0)
+        main, other = _lock_takers(folder)
+        _waits_for_flock(main.pid)
         main.send_signal(signal.SIGINT)
         _, main_err = main.communicate(timeout=120)
         _, other_err = other.communicate(timeout=120)
@@ -252,3 +279,18 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
     assert other.returncode != 0
     assert "ProcessFailedError" in other_err and "process 0 of this launch stopped" in other_err
     assert "KeyboardInterrupt" in other_err.splitlines()[-1]
+
+
+def test_the_holder_file_of_an_earlier_entry_lets_nobody_through(tmp_path, monkeypatch):
+    """A sweep enters the general stage's lock once per student: a process that arrives at the next entry while the
+    main process has not yet removed the previous entry's holder file must not take it for this one's."""
+    from distill.general import _held
+    from distill.processes import launch_marker
+
+    monkeypatch.setenv("MASTER_PORT", "29519")
+    holder = tmp_path / "minilm-4l312-x.holder"
+    holder.write_text(json.dumps(launch_marker(entry=1)))
+    assert _held(holder, 1)["entry"] == 1
+    assert _held(holder, 2) is None
+    monkeypatch.setenv("MASTER_PORT", "29520")  # another launch's file
+    assert _held(holder, 1) is None
