@@ -9,11 +9,12 @@ what it wrote. So two processes never write one file, and no process reads a fil
 
 Processes wait by reading the folder (:func:`wait_for`), not at a collective barrier: one process's work can take an
 hour, longer than a process group's timeout (30 minutes by default). A process that fails in such work
-(:func:`failure_marked`) leaves ``failed.json`` in the folder, and those waiting stop with its rank and error.
-The marker names its job (the launcher's rendezvous, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID``,
-and its restart, ``TORCHELASTIC_RESTART_COUNT``) and counts only when newer than the waiting process, so neither an
-earlier job's marker nor that of another job sharing a cache folder (general distillation's) stops this one. A failure ends the job: the processes cannot be kept in step
-after one of them fails alone (the ``seeds`` command stops at a failing seed under a multi-process launch).
+(:func:`failure_marked`) leaves ``failed.json`` in the folder, and those waiting stop with its rank and error. The
+marker names its job (the launcher's rendezvous, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID``, and its
+restart, ``TORCHELASTIC_RESTART_COUNT``) and counts only when newer than the waiting process, so neither an earlier
+job's marker nor that of another job sharing a cache folder (general distillation's) stops this one. A failure ends
+the job: the processes cannot be kept in step after one of them fails alone (the ``seeds`` command stops at a failing
+seed under a multi-process launch).
 In a single process, :func:`on_main` just runs the work.
 """
 
@@ -32,8 +33,8 @@ import psutil
 
 from distill.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
 
-__all__ = ["FAILED_FILE", "ProcessFailedError", "failure_marked", "is_main_process", "launch_marker", "on_main",
-           "recorded", "several_processes", "from_this_launch", "wait_for"]
+__all__ = ["FAILED_FILE", "ProcessFailedError", "failure_marked", "from_this_launch", "is_main_process",
+           "launch_marker", "on_main", "recorded", "several_processes", "wait_for"]
 
 FAILED_FILE = "failed.json"
 # A failed.json older than this process was left by an earlier job (a launcher starts a job's processes together,
@@ -61,8 +62,8 @@ def _job() -> str:
 
 
 def launch_marker(**fields: Any) -> dict:
-    """What a process leaves for the others of its launch: ``fields``, this launch (:func:`from_this_launch` matches it),
-    this process's rank and pid."""
+    """What a process leaves for the others of its launch: ``fields``, this launch (which :func:`from_this_launch`
+    matches), this process's rank and pid."""
     return {**fields, "job": _job(), "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()}
 
 

@@ -116,7 +116,8 @@ def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
         note = json.loads((out / f"seed-{run['seed']}" / "report.json").read_text())["student"]["retained_note"]
         assert (note is not None) == at_chance, (note, teacher, student, majority)
         assert run["student"] == student and run["retained_note"] == note
-        assert run["retained"]["accuracy"] == (None if at_chance else pytest.approx(student["accuracy"] / teacher["accuracy"]))
+        retained = None if at_chance else pytest.approx(student["accuracy"] / teacher["accuracy"])
+        assert run["retained"]["accuracy"] == retained
     for role in ("teacher", "student"):
         mean = statistics.fmean(records[s][role]["dev"]["accuracy"] for s in (7, 8))
         assert saved["over_seeds"][role]["accuracy"]["mean"] == pytest.approx(mean)
