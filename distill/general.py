@@ -117,7 +117,8 @@ def exclusive(folder: Path):
     barrier, as in :func:`distill.pipeline.general_stage`): the holder file goes with the lock.
 
     Raises:
-        ProcessFailedError: (a process other than the main one) the main process stopped before it held the lock.
+        ProcessFailedError: (a process other than the main one) the main process stopped before it held the lock, or
+            in the block before this one had read the holder file.
     """
     import fcntl
 
@@ -129,7 +130,9 @@ def exclusive(folder: Path):
         return
     handle, held = None, False
     try:
-        with failure_marked(folder):  # the others wait for the holder file: a failure before it must stop them
+        # The others may still be waiting for the holder file (gone with the lock if this process fails): a failure
+        # here, before or after it is written, must stop them.
+        with failure_marked(folder):
             folder.parent.mkdir(parents=True, exist_ok=True)
             handle = open(folder.with_name(folder.name + ".lock"), "w")
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -137,7 +140,7 @@ def exclusive(folder: Path):
             (folder / FAILED_FILE).unlink(missing_ok=True)  # an earlier launch's, now out of date
             if several_processes():
                 write_json_atomic(holder, launch_marker(entry=entry))
-        yield
+            yield
     finally:
         if held:
             holder.unlink(missing_ok=True)

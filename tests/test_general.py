@@ -193,9 +193,10 @@ def test_rerun_of_a_finished_general_distillation_is_skipped_and_another_config_
 # One process of a launch around the general stage's lock: "ready", then "entered <time>" inside it. The main process
 # stays in until the other is in too, as general_stage's barrier at the start of the block keeps it.
 _LOCK_TAKER = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from distill.general import exclusive
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even where the launching shell ignores SIGINT
 folder, rank = Path(sys.argv[1]), sys.argv[2]
 other_in = folder.with_name("other-entered")
 print("ready", flush=True)
@@ -211,8 +212,24 @@ with exclusive(folder):
 """
 
 
+@pytest.fixture
+def lock_takers():
+    """Starts the main process (rank 0) and another (rank 1) of one launch, each past its imports and about to take
+    the lock; whatever the test's outcome, none is left running."""
+    started = []
+
+    def start(folder: Path) -> list[subprocess.Popen]:
+        started.extend(_lock_takers(folder))
+        return started[-2:]
+
+    yield start
+    for taker in started:
+        if taker.poll() is None:
+            taker.kill()
+            taker.wait()
+
+
 def _lock_takers(folder: Path) -> list[subprocess.Popen]:
-    """The main process (rank 0) and another (rank 1) of one launch, each past its imports and about to take it."""
     takers = [subprocess.Popen([sys.executable, "-c", _LOCK_TAKER, str(folder), str(rank)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
                                env={**os.environ, "RANK": str(rank)}) for rank in (0, 1)]
@@ -233,7 +250,8 @@ def _waits_for_flock(pid: int) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the kernel's table of waiting locks")
-def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_reading(tmp_path, monkeypatch):
+def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_reading(tmp_path, monkeypatch,
+                                                                                   lock_takers):
     """Under `accelerate launch` the main process holds the general stage's lock for all of the job's processes (a
     second process's own lock would wait for the main one, which waits for it inside the stage); the others wait
     until the main one holds it, by reading its holder file, not at a collective barrier, which would time out after
@@ -255,7 +273,7 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
     os.utime(holder, (time.time() - 3600,) * 2)
     with open(folder.with_name(folder.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # another job holds the lock
-        takers = _lock_takers(folder)
+        takers = lock_takers(folder)
         _waits_for_flock(takers[0].pid)
         time.sleep(3.0)  # long enough for the other to have gone in, were it not waiting
         released = time.time()
@@ -270,7 +288,7 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
     monkeypatch.setenv("MASTER_PORT", "29518")
     with open(folder.with_name(folder.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        main, other = _lock_takers(folder)
+        main, other = lock_takers(folder)
         _waits_for_flock(main.pid)
         main.send_signal(signal.SIGINT)
         _, main_err = main.communicate(timeout=120)
