@@ -169,3 +169,9 @@ def tiny_job_every_stage(tmp_path, tokenizer) -> str:
                              "max_seq_length": 16, "train": steps},
                     export={"onnx": True})
     return path
+
+
+def folder_identity(path) -> tuple[int, int]:
+    """A folder's inode and modification time: a folder deleted and written again does not keep both."""
+    stat = path.stat()
+    return stat.st_ino, stat.st_mtime_ns

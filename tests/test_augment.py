@@ -24,7 +24,7 @@ from augment.dataset import example_rng
 from augment.augmenter import split_words
 from distill.checkpoint import CheckpointError
 from distill.config import AugmentConfig
-from tests.conftest import WORDS, tiny_generator, tiny_vectors
+from tests.conftest import WORDS, folder_identity, tiny_generator, tiny_vectors
 
 
 @pytest.fixture
@@ -131,10 +131,10 @@ def test_resume_continues_from_the_first_missing_shard(generator, tmp_path):
     assert [r["is_augmented"] for r in full if r["source_index"] == 4] == [False]
     shutil.rmtree(shards[1])  # as if killed before the second shard was renamed into place
     (tmp_path / "shards" / ".tmp-partial").mkdir()  # a partial shard is never read
-    first = _identity(shards[0])
+    first = folder_identity(shards[0])
     # The missing shard alone is made again: one pass of the generator (a second would raise).
     assert augment_dataset(_dataset(), ("sentence1",), _Interrupting(generator, 1), config, tmp_path).to_list() == full
-    assert _identity(shards[0]) == first  # the finished shard was kept, not written again
+    assert folder_identity(shards[0]) == first  # the finished shard was kept, not written again
 
 
 def test_changed_word_rate_is_close_to_p():
@@ -216,11 +216,11 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_output(generator, 
         augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 3), config,
                         tmp_path / "killed", "run")
     assert [p.name for p in sorted((tmp_path / "killed" / "shards").glob("shard-*"))] == ["shard-00000"]
-    first = _identity(tmp_path / "killed" / "shards" / "shard-00000")
+    first = folder_identity(tmp_path / "killed" / "shards" / "shard-00000")
     # Resumed at the second shard: two shards of two columns, four passes (a run from the start would need six).
     resumed = augment_dataset(_dataset(), ("sentence1", "sentence2"), _Interrupting(generator, 4), config,
                               tmp_path / "killed", "run")
-    assert _identity(tmp_path / "killed" / "shards" / "shard-00000") == first
+    assert folder_identity(tmp_path / "killed" / "shards" / "shard-00000") == first
     assert resumed.to_list() == full.to_list()
     with pytest.raises(CheckpointError, match="shards of another augmentation run"):
         augment_dataset(_dataset(), ("sentence1",), generator, config, tmp_path / "killed", "other-run")
@@ -350,9 +350,3 @@ def test_max_mlm_words_bounds_the_masked_lm_work_not_only_the_rows(generator, tm
     augmented = {row["source_index"] for row in out.to_list() if row["is_augmented"]}
     assert augmented and augmented <= {0, 1}
     assert sorted(row["source_index"] for row in out.to_list() if not row["is_augmented"]) == [0, 1, 2, 3, 4]
-
-
-def _identity(path) -> tuple[int, int]:
-    """A folder's inode and modification time: a folder deleted and written again does not keep both."""
-    stat = path.stat()
-    return stat.st_ino, stat.st_mtime_ns

@@ -25,7 +25,7 @@ from augment import (
 from augment.tokens import word_spans
 from distill.config import AugmentConfig
 from distill.data import DataError
-from tests.conftest import SPECIAL, WORDS, tiny_generator, tiny_masked_lm, tiny_vectors
+from tests.conftest import SPECIAL, WORDS, folder_identity, tiny_generator, tiny_masked_lm, tiny_vectors
 
 LABELS = ("O", "B-person", "I-person", "B-work")
 O, B, I, W = range(4)  # noqa: E741  (tag ids)
@@ -126,10 +126,10 @@ def test_same_output_for_any_batch_and_shard_size_and_after_resume(generator, tm
     shards = sorted((tmp_path / "a" / "shards").glob("shard-*"))
     assert len(shards) == 3
     shutil.rmtree(shards[1])  # as if killed before the second shard was renamed into place
-    first = _identity(shards[0])
+    first = folder_identity(shards[0])
     resumed = augment_dataset(_ner_dataset(), ("tokens",), generator, config, tmp_path / "a", "run", mask)
     assert resumed.to_list() == rows
-    assert _identity(shards[0]) == first  # resumed at the missing shard: the finished one was not written again
+    assert folder_identity(shards[0]) == first  # resumed at the missing shard: the finished one was not written again
 
 
 def test_worker_processes_with_a_tag_mask_give_the_same_output(tmp_path):
@@ -205,9 +205,3 @@ def test_augment_command_reads_a_word_list_file(tmp_path):
     assert replacement_stats(_ner_dataset().to_list(), rows, LABELS)["num_replaced"]["entity"] == 0
     config.output_dir = str(tmp_path / "all")
     assert run_augment(config, str(source), ["tokens"], device="cpu")["run_id"] != summary["run_id"]
-
-
-def _identity(path) -> tuple[int, int]:
-    """A folder's inode and modification time: a folder deleted and written again does not keep both."""
-    stat = path.stat()
-    return stat.st_ino, stat.st_mtime_ns

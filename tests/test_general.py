@@ -219,23 +219,20 @@ def lock_takers():
     started = []
 
     def start(folder: Path) -> list[subprocess.Popen]:
-        started.extend(_lock_takers(folder))
-        return started[-2:]
+        takers = [subprocess.Popen([sys.executable, "-c", _LOCK_TAKER, str(folder), str(rank)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   cwd=Path(__file__).parent.parent, env={**os.environ, "RANK": str(rank)})
+                  for rank in (0, 1)]
+        started.extend(takers)
+        for taker in takers:
+            assert taker.stdout.readline().strip() == "ready"
+        return takers
 
     yield start
     for taker in started:
         if taker.poll() is None:
             taker.kill()
             taker.wait()
-
-
-def _lock_takers(folder: Path) -> list[subprocess.Popen]:
-    takers = [subprocess.Popen([sys.executable, "-c", _LOCK_TAKER, str(folder), str(rank)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
-                               env={**os.environ, "RANK": str(rank)}) for rank in (0, 1)]
-    for taker in takers:
-        assert taker.stdout.readline().strip() == "ready"
-    return takers
 
 
 def _waits_for_flock(pid: int) -> None:
