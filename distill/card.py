@@ -46,7 +46,8 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
         return f"from {student.model}"
     if student.init == "teacher":
         return f"teacher layers ({layer_map})"
-    return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random"}[student.init]
+    return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random",
+            "pruned": "pruned from the fine-tuned teacher"}[student.init]
 
 
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
@@ -77,6 +78,13 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     copied = step1.get("copied_layers")
     start = (f"student layers 1..{len(copied)} copied from teacher layers {copied} (distill.layer_map "
              f"{config.distill.layer_map})" if copied else describe_init(config.student, config.distill.layer_map))
+    if pruned := step1.get("pruned"):
+        before = ", ".join(f"{k} {v:.4f}" for k, v in (pruned.get("dev") or {}).items())
+        start = (f"the fine-tuned teacher pruned to the student's shape: its layers {pruned['layer_map']} ("
+                 + ("the layers that change their input most" if pruned.get("layers") == "importance"
+                    else f"distill.layer_map {config.distill.layer_map}")
+                 + f"), in each the residual channels, head dimensions and FFN neurons of highest activation on "
+                 f"{pruned.get('num_examples')} training examples (Minitron); dev {before} before distillation")
     lines = [f"teacher: {made}; dev {dev}",
              _augmentation(augment, num_rows, num_augmented)
              + (f", {num_unlabelled} of them sentences of {', '.join(Path(u).name for u in augment.unlabelled)} with no "

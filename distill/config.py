@@ -226,6 +226,24 @@ class AugmentConfig:
         _check(self.pair_copies in ("both", "one"), "pair_copies", f"must be both or one, got {self.pair_copies!r}")
 
 
+INITS = ("random", "teacher_embeddings", "teacher", "pruned")
+
+
+@dataclass
+class PruningConfig:
+    """How a student with ``init: pruned`` is cut from the fine-tuned teacher (:mod:`students.pruning`)."""
+
+    num_examples: int = 1024  # calibration sample: training examples (drawn with a fixed seed) whose activations rank units
+    # the teacher layers kept: "layer_map" (distill.layer_map's) or "importance" (the layers that change their input
+    # most; the layer map of the distillation then follows them)
+    layers: str = "layer_map"
+
+    def __post_init__(self) -> None:
+        _check(self.num_examples > 0, "num_examples", f"must be > 0, got {self.num_examples}")
+        _check(self.layers in ("layer_map", "importance"), "layers",
+               f"must be layer_map or importance, got {self.layers!r}")
+
+
 @dataclass
 class StudentConfig:
     """The student's shape: a preset or explicit sizes; the rest of its config is copied from the teacher."""
@@ -244,13 +262,16 @@ class StudentConfig:
     embedding_size: int | None = None  # ALBERT: factorized embedding size E (None: hidden_size)
     num_hidden_groups: int | None = None  # ALBERT: groups of layers sharing weights (1: all layers share one set)
     init: str = "random"  # "random"; "teacher_embeddings": embeddings from the teacher (PCA to h_S);
-    # "teacher": copy embeddings and mapped layers (needs h_S == h_T, DistilBERT style)
+    # "teacher": copy embeddings and mapped layers (needs h_S == h_T, DistilBERT style); "pruned": the fine-tuned
+    # teacher pruned to the student's shape (its most important layers, channels, heads and neurons; any reachable
+    # shape, see students.pruning)
+    pruning: PruningConfig = field(default_factory=PruningConfig)  # read with init "pruned" only
 
     def __post_init__(self) -> None:
         _check(
-            self.init in ("random", "teacher_embeddings", "teacher"),
+            self.init in INITS,
             "init",
-            f"must be random, teacher_embeddings or teacher, got {self.init!r}",
+            f"must be {', '.join(INITS[:-1])} or {INITS[-1]}, got {self.init!r}",
         )
         for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                      "embedding_size", "num_hidden_groups"):
@@ -637,7 +658,8 @@ def to_dict(config: Any) -> dict:
 # name at any depth: a name here must not be used by another config field, unless that one was added with the same
 # old-behaviour value (max_train_examples_cpu: task's and teacher's, None for both).
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
-                  "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": []}
+                  "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
+                  "pruning": {"num_examples": 1024, "layers": "layer_map"}}
 
 
 def _added_default(key: Any, value: Any) -> bool:

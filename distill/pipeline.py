@@ -66,6 +66,7 @@ from distill.general import (
 from distill.layer_map import build_layer_map
 from distill.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.preflight import preflight
+from distill.pruned import init_projections, kept_channels, pruned_stage
 from distill.processes import failure_marked, is_main_process, on_main, several_processes, wait_for
 from distill.report import (
     build_report,
@@ -407,8 +408,11 @@ def _distill_step(
                     "hard_label_weight": config.distill.hard_label_weight}
     objective = DistillationObjective(teacher, student, terms, layer_map, task_type=spec.type, **settings)
     start = config.student.model or start if name == "intermediate" else None
-    if start is not None:
-        load_projections(objective, Path(start))
+    if start is not None and not load_projections(objective, Path(start)) \
+            and (channels := kept_channels(start)) is not None and len(objective.trainable["projections"]):
+        init_projections(objective.trainable["projections"], channels)  # a pruned student: W selects its channels
+        logger.info("projections start as the selection of the %d teacher channels the pruned student kept",
+                    len(channels))
     collate = collator(tokenizer, spec)
     if teacher_cache is not None:
         cache_dir, cache_id = teacher_cache
@@ -444,7 +448,9 @@ def _save_student(folder: Path, student, tokenizer, objective: DistillationObjec
 def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, train_set: datasets.Dataset,
                       data_run_id: str, general: dict, out: Path, folder: Path, *, device: torch.device) -> dict:
     """The intermediate step (embedding, hidden and attention losses) into ``folder``, the student starting from the
-    general-distilled one when there is one; returns its record."""
+    general-distilled or the pruned one when there is one (``general``: that start's {"run_id", "folder"}, and for a
+    pruned student its "layer_map", the teacher layers it kept; its run id enters this step's as "general", so the
+    run ids of jobs without a pruned student are those from before the pruning stage); returns its record."""
     inputs = {"teacher": teacher_record["run_id"], "augmented": data_run_id, "general": general["run_id"]}
     full_config = config
     run_id, config, record = open_stage("student_intermediate", config, folder, inputs)
@@ -457,13 +463,16 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     start = config.student.model or general["folder"]
     cut = start is None and config.student.init == "teacher"  # student layers copied from teacher layers
     # The configured map picks the teacher layers a cut student copies also when no layer is matched (logit-only).
-    layer_map = (build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers,
-                                 _student_layers(config, teacher.config, general["folder"]))
-                 if terms or cut else None)
+    layer_map = (general.get("layer_map") or build_layer_map(
+        config.distill.layer_map, teacher.config.num_hidden_layers,
+        _student_layers(config, teacher.config, general["folder"])) if terms or cut else None)
     set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
     student = _student(config, spec, teacher, tokenizer, layer_map, start=general["folder"])
     record = {"copied_layers": layer_map if cut else None, "start": start or config.student.init,
               "device": str(device)}
+    if general.get("layer_map"):  # a pruned student: the teacher layers it kept, and how it scored before distilling
+        pruned = json.loads((Path(general["folder"]) / "stage.json").read_text(encoding="utf-8"))
+        record["pruned"] = {key: pruned.get(key) for key in ("layer_map", "layers", "num_examples", "dev")}
     if not terms:  # logit-only distillation: the student goes straight to the prediction step
         logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
         mark_stage_started(folder)
@@ -530,8 +539,10 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     columns = [*spec.text_columns, "label"]
     train_set = tokenize(train_data.select_columns(columns), tokenizer, spec, config.task.max_seq_length)
     general = general_stage(config, student_dir, device=device)
-    step1 = intermediate_step(config, spec, teacher_record, train_set, data_run_id, general, out,
-                              student_dir / "student_intermediate", device=device)
+    pruned = pruned_stage(config, spec, data, teacher_record, out, student_dir / "pruned", device=device)
+    step1 = intermediate_step(config, spec, teacher_record, train_set, data_run_id,
+                              pruned if pruned["folder"] else general, out, student_dir / "student_intermediate",
+                              device=device)
     return prediction_step(config, spec, data, teacher_record, train_set, data_run_id, step1, out,
                            student_dir / "student", device=device)
 
@@ -586,7 +597,8 @@ def stages_used(config: PipelineConfig) -> list[str]:
     mlm = config.mlm.model is None and config.augment.num_copies > 0
     augment = ["mlm"] * mlm + ["augmented"] if config.augment.enabled else []
     cache = ["teacher_outputs"] if config.distill.teacher_cache is not None else []
-    return ["teacher", *augment, "general", *cache, "student_intermediate", "teacher_logits", "student"]
+    pruned = ["pruned"] if config.student.init == "pruned" and config.student.model is None else []
+    return ["teacher", *augment, "general", *pruned, *cache, "student_intermediate", "teacher_logits", "student"]
 
 
 def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, student_record: dict, out: Path, *,
@@ -875,6 +887,8 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         general = general_config(config)
         general_id = general_run_id(general)[0]
         add("general", cache_folder(general, general_id), general_id)
+    if config.student.init == "pruned" and config.student.model is None:
+        general_id = add("pruned", out / "pruned", STAGES["pruned"].run_id(config, {"teacher": teacher_id}))
     if config.distill.teacher_cache is not None:
         cache_id = _planned_cache_id(config, out, teacher_id, data_id)
         add("teacher_outputs", out / "teacher_outputs", cache_id,
@@ -909,6 +923,11 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
     except (OSError, ValueError):  # ModelError is a ValueError
         return None
     layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)
+    if config.student.init == "pruned" and config.student.pruning.layers == "importance":
+        pruned = out / "pruned" / "stage.json"  # the layers the pruning stage chose, once it ran
+        if not pruned.is_file():
+            return None
+        layer_map = json.loads(pruned.read_text(encoding="utf-8"))["layer_map"]
     return teacher_outputs_run_id(config, teacher_id, data_id, terms, layer_map)
 
 

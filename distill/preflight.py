@@ -152,6 +152,8 @@ def check_student_fits_teacher(config: PipelineConfig, teacher: PretrainedConfig
         student_type = shape.get("model_type", student_family(teacher.model_type, config.student.init))
     if intermediate_terms(config.distill.weights):  # logit-only: any teacher family, no layer map
         check_layer_wise(config, teacher, student_type, layers, heads, hidden)
+    if config.student.model is None and config.student.init == "pruned":
+        check_pruned(config, teacher, shape, student_type)
     if config.student.model is None and config.student.init == "teacher":
         if student_type != teacher.model_type:
             fixed = "" if config.student.preset not in RELATIVE_PRESETS else (
@@ -200,3 +202,23 @@ def check_layer_wise(config: PipelineConfig, teacher, student_type: str, layers:
         if hidden % heads or teacher.hidden_size % heads:
             raise ConfigError(f"distill.relation_heads: {heads} relation heads must divide the student's width "
                               f"({hidden}) and the teacher's ({teacher.hidden_size})")
+
+
+def check_pruned(config: PipelineConfig, teacher: PretrainedConfig, shape: dict, student_type: str) -> None:
+    """``init: pruned`` can run: a student of the teacher's family, a shape pruning reaches, no general stage.
+
+    Raises:
+        ConfigError: naming the field to change (and the nearest reachable shape, :func:`students.pruning.check_reachable`).
+    """
+    from students.pruning import PruningError, check_reachable
+
+    if student_type != teacher.model_type:
+        raise ConfigError(f"student.init: 'pruned' cuts the student from the teacher and keeps its family "
+                          f"({teacher.model_type}); the student is {student_type}: drop student.model_type")
+    if config.general.enabled:
+        raise ConfigError("student.init: 'pruned' starts the student from the pruned teacher, and general.enabled "
+                          "would start it from a general-distilled one; set general.enabled: false")
+    try:
+        check_reachable(shape, teacher)
+    except PruningError as error:
+        raise ConfigError(str(error)) from None

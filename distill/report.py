@@ -155,7 +155,7 @@ def chance_note(role: str, dev: dict, chance: dict | None) -> str | None:
 
 # Stage folders of a pipeline output folder, in the order they run, with the names the report gives them.
 STAGE_NAMES = {"teacher": "teacher", "mlm": "masked LM", "augmented": "augmentation", "general": "general distillation",
-               "teacher_outputs": "teacher outputs (cached)", "student_intermediate": "intermediate step", "teacher_logits": "teacher logits",
+               "pruned": "pruning", "teacher_outputs": "teacher outputs (cached)", "student_intermediate": "intermediate step", "teacher_logits": "teacher logits",
                "student": "prediction step"}
 
 

@@ -208,6 +208,9 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("mlm", reads=("mlm",)),
     StageSpec("augmented", reads=("task", "augment", "mlm.model"), neutral=AUGMENT_NEUTRAL, inputs=("mlm",)),
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
+    # A student pruned from the fine-tuned teacher (student.init "pruned"): importance on the task's training data,
+    # then the teacher cut to the student's shape and layers (distill.pruned).
+    StageSpec("pruned", reads=("task", "student", "distill.layer_map"), inputs=("teacher",)),
     StageSpec("student_intermediate",
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
                      *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",

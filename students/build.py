@@ -104,9 +104,9 @@ def student_shape(config: StudentConfig, teacher_config: PretrainedConfig | None
 
 def student_family(teacher_type: str, init: str = "random") -> str:
     """The default student family for a teacher family: the teacher's own, or for a student shaped anew one sharing
-    its tokenizer (:data:`STUDENT_FAMILY`: an MPNet teacher gets a BERT student unless ``init`` is "teacher", which
-    copies the teacher's layers and so keeps its family)."""
-    return teacher_type if init == "teacher" else STUDENT_FAMILY.get(teacher_type, teacher_type)
+    its tokenizer (:data:`STUDENT_FAMILY`: an MPNet teacher gets a BERT student unless ``init`` is "teacher" or
+    "pruned", which keep the teacher's layers and so its family)."""
+    return teacher_type if init in ("teacher", "pruned") else STUDENT_FAMILY.get(teacher_type, teacher_type)
 
 
 def student_config(teacher_config: PretrainedConfig, shape: dict, init: str = "random") -> PretrainedConfig:

@@ -1,0 +1,221 @@
+"""Students pruned from their teacher: importance, the plan, the surgery and the pruning stage of the pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification, pipeline as hf_pipeline)
+
+import run_distill
+from conftest import padded_batch, tiny_bert, tiny_job
+from distill.config import ConfigError, load_config
+from distill.pruned import IMPORTANCE_FILE, init_projections, kept_channels
+from glue_fixtures import write_glue_folder
+from students.build import student_config
+from students.pruning import (Importance, PruningError, check_reachable, compute_importance, layer_modules,
+                              plan_pruning, prune_model, select_layers)
+
+SIZES = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=40)
+FAMILY_SIZES = {"distilbert": dict(vocab_size=40, dim=32, n_layers=3, n_heads=4, hidden_dim=64,
+                                   max_position_embeddings=40),
+                "roberta": dict(SIZES, type_vocab_size=1, pad_token_id=1, max_position_embeddings=44)}
+HEADS = {"sequence": AutoModelForSequenceClassification, "token": AutoModelForTokenClassification,
+         "question_answering": AutoModelForQuestionAnswering}
+SAME = dict(num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=4)
+
+
+def _teacher(family: str = "bert", head: str = "sequence", seed: int = 0):
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(family, num_labels=2 if head == "question_answering" else 3,
+                                  **FAMILY_SIZES.get(family, SIZES))
+    return HEADS[head].from_config(config).eval()
+
+
+def _batches(count: int = 3) -> list[dict]:
+    return [padded_batch(seed=i, batch=4, length=9, vocab=40) for i in range(count)]
+
+
+def _logits(model, batch):
+    outputs = model(**batch)
+    return outputs.logits if getattr(outputs, "logits", None) is not None else torch.stack(
+        (outputs.start_logits, outputs.end_logits), dim=-1)
+
+
+def _prune(teacher, shape: dict, layers: list[int]):
+    importance = compute_importance(teacher, _batches())
+    plan = plan_pruning(importance, teacher.config, shape, layers)
+    return plan, prune_model(teacher, plan, student_config(teacher.config, shape, init="pruned"))
+
+
+@pytest.mark.parametrize("family, head", [("bert", "sequence"), ("roberta", "sequence"), ("electra", "sequence"),
+                                          ("distilbert", "sequence"), ("mpnet", "sequence"), ("bert", "token"),
+                                          ("bert", "question_answering"), ("roberta", "token")])
+def test_pruning_nothing_gives_the_teachers_outputs_and_a_plain_checkpoint(family, head, tmp_path):
+    teacher = _teacher(family, head)
+    _, student = _prune(teacher, SAME, [1, 2, 3])
+    batch = padded_batch(seed=9, batch=2, length=8, vocab=40)
+    torch.testing.assert_close(_logits(student, batch), _logits(teacher, batch))
+    # A smaller shape saves and loads back with transformers alone, to the same outputs.
+    plan, small = _prune(teacher, dict(num_hidden_layers=2, hidden_size=24, intermediate_size=40,
+                                       num_attention_heads=4), [1, 3])
+    small.save_pretrained(tmp_path / "pruned")
+    reloaded = HEADS[head].from_pretrained(tmp_path / "pruned").eval()
+    assert reloaded.config.hidden_size == 24 and reloaded.config.num_hidden_layers == 2
+    torch.testing.assert_close(_logits(reloaded, batch), _logits(small, batch))
+    assert sum(p.numel() for p in reloaded.parameters()) < sum(p.numel() for p in teacher.parameters())
+
+
+def _planted_teacher():
+    """A tiny BERT whose units have planted importances: residual channels 3, 7, 11, ... are scaled up in every
+    LayerNorm; in layer 2 FFN neurons 5 and 9 by their input weights, and head 2's values by 20."""
+    teacher = _teacher("bert")
+    with torch.no_grad():
+        big = torch.arange(3, 32, 4)
+        for module in teacher.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight[big] *= 30
+        layer = layer_modules(teacher, 1)
+        layer["ffn_in"].weight[[5, 9]] *= 40
+        layer["ffn_in"].bias[[5, 9]] += 5
+        layer["value"].weight[16:24] *= 20
+    return teacher, big.tolist()
+
+
+def test_the_planted_units_rank_first_and_the_student_holds_exactly_their_weights():
+    teacher, big = _planted_teacher()
+    importance = compute_importance(teacher, _batches())
+    assert set(big) <= set(importance.residual[[0, 2]].sum(0).argsort(descending=True)[:len(big)].tolist())
+    assert set(importance.ffn[1].argsort(descending=True)[:2].tolist()) == {5, 9}
+    assert int(importance.heads[1].argmax()) == 2
+    shape = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=8, num_attention_heads=2)
+    plan = plan_pruning(importance, teacher.config, shape, [1, 2])
+    assert set(big) <= set(plan.residual) and len(plan.residual) == 16
+    assert {5, 9} <= set(plan.ffn[1]) and 2 in plan.heads[1]
+    student = prune_model(teacher, plan, student_config(teacher.config, shape, init="pruned"))
+    rows, channels = torch.as_tensor(plan.ffn[1]), torch.as_tensor(plan.residual)
+    kept, own = layer_modules(teacher, 1), layer_modules(student, 1)
+    torch.testing.assert_close(own["ffn_in"].weight, kept["ffn_in"].weight[rows][:, channels])
+    torch.testing.assert_close(own["query"].weight, kept["query"].weight[torch.as_tensor(plan.query_key[1])][:, channels])
+    torch.testing.assert_close(own["output"].weight, kept["output"].weight[channels][:, torch.as_tensor(plan.value[1])])
+    torch.testing.assert_close(student.bert.embeddings.word_embeddings.weight,
+                               teacher.bert.embeddings.word_embeddings.weight[:, channels])
+    torch.testing.assert_close(student.classifier.weight, teacher.classifier.weight[:, torch.as_tensor(
+        plan.outputs["bert.pooler.dense"])])
+    # Within a kept head the top query/key dimensions by mean|q|·mean|k| are kept, 8 of the head's 8 -> 8 of 8 here.
+    assert all(len(dims) == 16 for dims in plan.query_key) and plan.heads[1] == sorted(plan.heads[1])
+
+
+def test_importance_is_deterministic_and_round_trips_through_safetensors():
+    teacher = _teacher()
+    first, second = compute_importance(teacher, _batches()), compute_importance(teacher, _batches())
+    again = Importance.from_tensors(first.to_tensors())
+    for name in Importance.TENSORS:
+        torch.testing.assert_close(getattr(first, name), getattr(second, name))
+        torch.testing.assert_close(getattr(again, name), getattr(first, name))
+    assert again.num_examples == 12 and again.outputs.keys() == first.outputs.keys()
+
+
+def test_layers_by_importance_are_those_that_change_their_input_most():
+    importance = compute_importance(_teacher(), _batches())
+    importance.layer_change = torch.tensor([0.5, 0.1, 0.3])
+    assert select_layers(importance, 2) == [1, 3]
+
+
+@pytest.mark.parametrize("shape, message", [
+    (dict(num_hidden_layers=2, hidden_size=30, intermediate_size=40, num_attention_heads=3),
+     "hidden_size 30 with 3 heads needs a head size of 10; .* nearest reachable hidden_size 28 with "
+     "num_attention_heads 4"),
+    (dict(num_hidden_layers=2, hidden_size=24, intermediate_size=80, num_attention_heads=4),
+     "intermediate_size 80 is larger than the teacher's \\(64\\)"),
+    (dict(num_hidden_layers=4, hidden_size=24, intermediate_size=40, num_attention_heads=4),
+     "num_hidden_layers 4 is larger"),
+])
+def test_shapes_pruning_cannot_reach_are_refused_with_the_nearest_reachable(shape, message):
+    with pytest.raises(PruningError, match=message):
+        check_reachable(shape, _teacher().config)
+
+
+def test_an_mpnet_teacher_keeps_its_heads_and_albert_is_refused():
+    with pytest.raises(PruningError, match="relative position bias"):
+        check_reachable(dict(num_hidden_layers=2, hidden_size=16, intermediate_size=40, num_attention_heads=2),
+                        _teacher("mpnet").config)
+    albert = AutoConfig.for_model("albert", **SIZES, embedding_size=16)
+    with pytest.raises(PruningError, match="share one set of weights"):
+        check_reachable(SAME, albert)
+
+
+def test_projections_start_as_the_selection_of_the_kept_channels():
+    projections = torch.nn.ModuleDict({"hidden": torch.nn.Linear(3, 6), "embedding": torch.nn.Linear(3, 6)})
+    init_projections(projections, [1, 4, 5])
+    states = torch.randn(2, 3)
+    for projection in projections.values():
+        mapped = projection(states)
+        torch.testing.assert_close(mapped[:, [1, 4, 5]], states)
+        assert mapped[:, [0, 2, 3]].abs().max() == 0
+
+
+def test_the_pipeline_prunes_the_teacher_then_distils_and_ships_a_pipeline_model(tmp_path, tiny_tokenizer):
+    """student.init pruned through the real pipeline: the pruning stage's folder holds a plain checkpoint, its
+    importance and what it kept; the intermediate step starts from it with W the selection of the kept channels (its
+    first hidden loss is that of the pruned student); the shipped student runs in pipeline(); a rerun reuses every
+    stage, and a new shape prunes again."""
+    teacher = tiny_bert(seed=0, num_hidden_layers=3)
+    data = write_glue_folder(tmp_path, "sst2")
+    student = {"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 4,
+               "init": "pruned", "pruning": {"num_examples": 6}}
+    config = tiny_job(tmp_path, teacher, tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                      student=student, distill={"layer_map": "last"})
+    assert run_distill.main(["pipeline", "--config", config]) == 0
+    out = tmp_path / "run"
+    record = json.loads((out / "pruned" / "stage.json").read_text())
+    assert record["layer_map"] == [2, 3] and record["num_examples"] == 6 and "accuracy" in record["dev"]
+    assert set(load_file(out / "pruned" / IMPORTANCE_FILE)) >= {"residual", "ffn", "query_key", "value"}
+    pruned = AutoModelForSequenceClassification.from_pretrained(out / "pruned")
+    assert pruned.config.hidden_size == 16 and len(kept_channels(out / "pruned")) == 16
+    step1 = json.loads((out / "student_intermediate" / "stage.json").read_text())
+    assert step1["layer_map"] == [0, 2, 3] and step1["pruned"]["layer_map"] == [2, 3]
+    served = hf_pipeline("text-classification", model=str(out / "student"))
+    assert served("the movie was good")[0]["label"] in set(pruned.config.id2label.values())
+    assert "pruned to the student's shape" in (out / "student" / "README.md").read_text()
+    stamp = (out / "pruned" / "stage.json").stat().st_mtime_ns
+    assert run_distill.main(["pipeline", "--config", config]) == 0
+    assert (out / "pruned" / "stage.json").stat().st_mtime_ns == stamp
+    plan = run_distill.main(["pipeline", "--config", config, "--dry-run", "--set", "student.intermediate_size=24"])
+    assert plan == 0
+
+
+def test_the_first_hidden_loss_of_a_pruned_student_is_that_of_its_selected_channels():
+    """A student pruned to the teacher's own shape computes the teacher's states: hidden loss 0. A narrower one with
+    W the selection of its kept channels starts far below the loss it has with W drawn at random."""
+    from distill.objective import DistillationObjective
+
+    teacher = _teacher()
+    _, same = _prune(teacher, SAME, [1, 2, 3])
+    objective = DistillationObjective(teacher, same, {"hidden": 1.0, "embedding": 1.0}, [1, 2, 3])
+    assert len(objective.trainable["projections"]) == 0  # same width: the states are compared as they are
+    batch = padded_batch(seed=1, vocab=40)
+    assert float(objective(batch)[0]) < 1e-10
+    plan, narrow = _prune(teacher, dict(SAME, hidden_size=28), [1, 2, 3])
+    objective = DistillationObjective(teacher, narrow, {"hidden": 1.0, "embedding": 1.0}, [1, 2, 3])
+    with torch.no_grad():
+        random_start = float(objective(batch)[0])
+        init_projections(objective.trainable["projections"], plan.residual)
+        selected = float(objective(batch)[0])
+    assert selected < random_start / 3
+
+
+def test_preflight_refuses_pruning_with_a_general_stage_or_an_unreachable_shape(tmp_path, tiny_tokenizer):
+    data = write_glue_folder(tmp_path, "sst2")
+    config = tiny_job(tmp_path, tiny_bert(seed=0), tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                      student={"init": "pruned", "hidden_size": 18, "num_attention_heads": 2})
+    from distill.preflight import preflight
+
+    with pytest.raises(ConfigError, match="nearest reachable hidden_size 18 with num_attention_heads 3"):
+        preflight(load_config(config))
+    with pytest.raises(ConfigError, match="set general.enabled: false"):
+        preflight(load_config(config, {"general.enabled": True, "student.hidden_size": 16}))
