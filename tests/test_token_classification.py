@@ -55,8 +55,26 @@ def test_conll_sentences_split_on_blank_and_tab_only_lines_and_tags_map_to_ids(t
     assert data["tokens"] == [["the", "actor"], ["wonderful"], ["a", "movie"]]
     assert data["label"] == [[0, 1], [0], [0, 3]]
     # Columns split at tabs and spaces, not at a no-break space inside a word; runs of spaces are one separator.
-    path.write_text("10\u00a0000\tO\nthe   actor  B-person\r\n", encoding="utf-8")
+    path.write_text("10\u00a0000\tO\nthe   \t B-person\r\n", encoding="utf-8")
     assert read_conll(path, TAGS)["tokens"] == [["10\u00a0000", "the"]] and read_conll(path, TAGS)["label"] == [[0, 1]]
+
+
+def test_a_line_with_another_column_count_than_the_files_is_refused_with_its_line(tmp_path):
+    # A word holding a space is two columns: "New York B-location" was read as the word "New" tagged B-location.
+    path = tmp_path / "spaced.conll"
+    path.write_text("the\tO\nactor\tB-person\n\nNew York B-location\nis\tO\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"spaced.conll, line 4: 'New York B-location' has 3 columns where the file's "
+                                        r"lines have 2; a word holding a space is read as two columns"):
+        read_conll(path, TAGS)
+    # The file's count is the one most of its lines have: a four-column (CoNLL-2003) file short of a column.
+    conll2003 = tmp_path / "conll2003.conll"
+    conll2003.write_text("-DOCSTART- -X- -X- O\n\nthe DT B-NP O\nactor NN I-NP B-person\nwas VBD O\n",
+                         encoding="utf-8")
+    with pytest.raises(DataError, match=r"conll2003.conll, line 5: 'was VBD O' has 3 columns where the file's lines "
+                                        r"have 4; a column is missing"):
+        read_conll(conll2003, TAGS)
+    conll2003.write_text("-DOCSTART- -X- -X- O\n\nthe DT B-NP O\nactor NN I-NP B-person\n", encoding="utf-8")
+    assert read_conll(conll2003, TAGS)["label"] == [[0, 1]]  # the tag is the last column
 
 
 def test_conll_errors_name_the_file_line_and_tag(tmp_path):
@@ -72,8 +90,9 @@ def test_conll_errors_name_the_file_line_and_tag(tmp_path):
     marked = tmp_path / "marked.conll"
     marked.write_bytes("-DOCSTART-\tO\n\nthe\tO\n".encode("utf-8-sig"))
     assert read_conll(marked, TAGS)["tokens"] == [["the"]]
-    typo = write_conll(tmp_path / "typo.conll", [(["the", "actor"], ["O", "B-persn"])])
-    with pytest.raises(DataError, match=r"\['B-persn'\] are not among the task's labels"):
+    typo = write_conll(tmp_path / "typo.conll", [(["the", "actor"], ["O", "B-person"]),
+                                                  (["a", "cast"], ["O", "B-persn"])])
+    with pytest.raises(DataError, match=r"typo.conll, line 5: tag 'B-persn' is not among the task's labels"):
         read_conll(typo, TAGS)
 
 
@@ -292,10 +311,10 @@ def _dataset():
 
 
 def test_tags_that_are_not_bio_and_word_accuracy_first_are_refused(tmp_path):
-    pos = write_conll(tmp_path / "pos.conll", [(["the", "movie"], ["DT", "NN"])])
-    with pytest.raises(DataError, match=r"not BIO tags"):
+    pos = write_conll(tmp_path / "pos.conll", [(["the", "movie"], ["DT", "NN"])] * 3)
+    with pytest.raises(DataError, match=r"tag\(s\) \['DT', 'NN'\] \(.*pos.conll, line 1\) are not BIO tags"):
         task_spec(TaskConfig(name="pos", task_type="token_classification", train_file=str(pos), dev_file=str(pos)))
-    ner = write_conll(tmp_path / "ner.conll")
+    ner = write_conll(tmp_path / "ner.conll", SENTENCES * 3)
     with pytest.raises(DataError, match=r"entity metric first"):
         task_spec(TaskConfig(name="ner", task_type="token_classification", train_file=str(ner), dev_file=str(ner),
                              metrics=["accuracy", "f1"]))
@@ -303,21 +322,89 @@ def test_tags_that_are_not_bio_and_word_accuracy_first_are_refused(tmp_path):
     assert spec.label_names == ("O", "B-location", "I-location", "B-person") and spec.metrics[0] == "f1"
 
 
+def _own(train: Path, dev: Path | None = None, **task) -> TaskConfig:
+    return TaskConfig(name="ner", task_type="token_classification", train_file=str(train), dev_file=str(dev or train),
+                      **task)
+
+
+def test_a_tag_typo_in_your_own_files_is_an_error_naming_it_and_its_line(tmp_path):
+    """Without task.label_names the tags are the training file's: a typo must not become a class of its own."""
+    people = [(["the", "actor", "was", "fine"], ["O", "B-PER", "O", "O"])] * 12
+    # One B-PRE among the B-PERs (sentence 6, word 2: line 5 * 5 + 2), its type one swap from PER.
+    swapped = people[:5] + [(["the", "cast", "was", "fine"], ["O", "B-PRE", "O", "O"])] + people[5:]
+    path = write_conll(tmp_path / "swapped.conll", swapped)
+    with pytest.raises(DataError, match=r"swapped.conll, line 27: tag 'B-PRE' \(type 'PRE', 1 time\(s\)\) looks like "
+                                        r"a typo of type 'PER' \(12 times\), one edit away; fix it, or set "
+                                        r"task.label_names"):
+        task_spec(_own(path))
+    # The type in another case is a typo too; a tag seen once or twice with no near type is refused as rare.
+    cased = write_conll(tmp_path / "cased.conll", people + [(["a", "cast"], ["O", "B-per"])])
+    with pytest.raises(DataError, match=r"cased.conll, line 62: tag 'B-per' .* looks like a typo of type 'PER'"):
+        task_spec(_own(cased))
+    rare = write_conll(tmp_path / "rare.conll", people + [(["a", "movie"], ["O", "B-location"])] * 2)
+    with pytest.raises(DataError, match=r"rare.conll, line 62: tag 'B-location' is seen 2 time\(s\) in the training "
+                                        r"file, under the 3 a tag of its own needs"):
+        task_spec(_own(rare))
+    # task.label_names accepts them; three of a tag make it one.
+    accepted = task_spec(_own(path, label_names=["O", "B-PER", "B-PRE"]))
+    assert accepted.label_names == ("O", "B-PER", "B-PRE")
+    assert load_task_data(_own(path, label_names=["O", "B-PER", "B-PRE"]))["train"][5]["label"] == [0, 2, 0, 0]
+    three = write_conll(tmp_path / "three.conll", people + [(["a", "movie"], ["O", "B-location"])] * 3)
+    assert task_spec(_own(three)).label_names == ("O", "B-PER", "B-location")
+    # A dev tag the training file lacks is named with its line in the dev file.
+    dev = write_conll(tmp_path / "dev.conll", [(["the", "actor"], ["O", "B-PER"]), (["a", "movie"], ["O", "B-LOC"])])
+    with pytest.raises(DataError, match=r"dev.conll, line 5: tag 'B-LOC' is not among the task's labels \['O', "
+                                        r"'B-PER'\]; it is not in the training set"):
+        task_spec(_own(write_conll(tmp_path / "people.conll", people), dev))
+
+
+def test_a_tag_outside_a_named_tasks_tag_set_is_named_with_its_line_and_the_set_is_fixed(tmp_path):
+    folder = tmp_path / "wnut17"
+    folder.mkdir()
+    write_conll(folder / "train.conll", [(["the", "actor"], ["O", "B-person"]), (["a", "town"], ["O", "B-place"])])
+    write_conll(folder / "dev.conll", [(["the", "actor"], ["O", "B-person"])])
+    with pytest.raises(DataError, match=r"train.conll, line 5: tag 'B-place' is not among the task's labels .*; "
+                                        r"wnut_17's tags are fixed: fix the tag, or run the files as a task of your "
+                                        r"own"):
+        load_task_data(TaskConfig(name="wnut_17", data_dir=str(folder)))
+
+
 def test_iob1_tags_are_refused_with_where_and_how_to_convert(tmp_path):
     from distill.data import load_task_data
 
-    # IOB1 (the original CoNLL-2003 files): an entity after O starts with I-, which strict IOB2 scoring would drop.
-    iob1 = write_conll(tmp_path / "iob1.conll", [SENTENCES[0], (["a", "movie", "film"], ["O", "I-location",
-                                                                                        "I-location"])])
+    # IOB1 (the original CoNLL-2003 files): an entity after O starts with I- (B- only between two entities of one
+    # type), which strict IOB2 scoring would drop.
+    iob1 = write_conll(tmp_path / "iob1.conll", [(["the", "actor", "was", "fine"], ["O", "I-person", "O", "O"]),
+                                                 (["a", "movie", "film"], ["O", "I-location", "B-location"])])
     config = TaskConfig(name="ner", task_type="token_classification", train_file=str(iob1), dev_file=str(iob1),
                         label_names=list(TAGS))
-    with pytest.raises(DataError, match=r"iob1.conll, sentence 2, word 2: 'I-location' follows 'O'.*convert them to "
-                                        r"IOB2"):
+    with pytest.raises(DataError, match=r"iob1.conll, line 2: 'I-person' follows 'O', which IOB2 does not allow .*2 of "
+                                        r"the file's entities start with I- and 1 with B-, so the tags look like IOB1: "
+                                        r"convert them to IOB2"):
         load_task_data(config)
-    switched = write_conll(tmp_path / "switched.conll", [(["the", "actor", "movie"], ["O", "B-person", "I-location"])])
-    with pytest.raises(DataError, match=r"sentence 1, word 3: 'I-location' follows 'B-person'"):
-        load_task_data(TaskConfig(name="ner", task_type="token_classification", train_file=str(switched),
-                                  dev_file=str(switched), label_names=list(TAGS)))
+
+
+def test_a_broken_tag_in_an_iob2_file_is_named_as_a_typo_not_as_iob1(tmp_path):
+    # B-PRE followed by I-PER in a file whose entities start with B-: the fix is the typo, not a conversion to IOB2.
+    tags = ("O", "B-PER", "I-PER", "B-PRE")
+    people = [(["the", "actor", "cast"], ["O", "B-PER", "I-PER"])] * 3
+    switched = write_conll(tmp_path / "switched.conll", people + [(["the", "actor", "cast"], ["O", "B-PRE", "I-PER"])])
+    config = _own(switched, label_names=list(tags))
+    with pytest.raises(DataError, match=r"switched.conll, line 15: 'I-PER' follows 'B-PRE', which IOB2 does not "
+                                        r"allow: an I- tag continues an entity of its own type; one of the two tags is "
+                                        r"a typo") as refused:
+        load_task_data(config)
+    assert "IOB1" not in str(refused.value)
+    orphan = write_conll(tmp_path / "orphan.conll", people + [(["the", "actor", "cast"], ["O", "O", "I-PER"])])
+    with pytest.raises(DataError, match=r"orphan.conll, line 15: 'I-PER' follows 'O', .* a typo for 'B-PER'\?") as refused:
+        load_task_data(_own(orphan, label_names=list(tags)))
+    assert "IOB1" not in str(refused.value)
+    # JSONL tags name the line and the word.
+    jsonl = tmp_path / "tags.jsonl"
+    jsonl.write_text("".join(json.dumps({"tokens": w, "ner_tags": t}) + "\n" for w, t in people[:1] + [
+        (["the", "actor", "cast"], ["O", "B-PRE", "I-PER"])]), encoding="utf-8")
+    with pytest.raises(DataError, match=r"tags.jsonl, line 2, word 3: 'I-PER' follows 'B-PRE'"):
+        load_task_data(_own(jsonl, label_names=list(tags), label_column="ner_tags"))
     fine = load_task_data(TaskConfig(name="ner", task_type="token_classification", train_file=str(write_conll(
         tmp_path / "iob2.conll")), dev_file=str(tmp_path / "iob2.conll"), label_names=list(TAGS)))
     assert len(fine["train"]) == len(SENTENCES)

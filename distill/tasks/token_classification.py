@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -27,20 +29,36 @@ logger = logging.getLogger(__name__)
 IGNORE = -100  # the label of word pieces that are not scored (continuations, special tokens, padding)
 
 
-def read_conll(path: str | Path, label_names: tuple[str, ...] | None = None) -> datasets.Dataset:
-    """A CoNLL-style file: one ``word<TAB or space>...<tag>`` line per word (the tag is the last column), sentences
-    separated by blank lines or by lines of whitespace only (as WNUT-17's files have); ``-DOCSTART-`` lines skipped.
+# A tag of a user's training file (no task.label_names) seen fewer times than this is refused as a likely typo: it
+# would otherwise become a class of its own, which the teacher and the student then learn from one or two words.
+MIN_TAG_COUNT = 3
+# A tag whose entity type is one edit from that of a tag seen at least this many times as often is refused likewise
+# ("B-PRE" once among many "B-PER").
+NEAR_TYPE_RATIO = 10
 
-    Args:
-        path: the file (UTF-8).
-        label_names: tags in id order; None keeps the tags as strings (column ``tag_names``).
+
+@dataclass
+class TaggedSentence:
+    """One sentence of a tagged file: its words, their tags and, for each word, where it is (``line N`` of a CoNLL
+    file, ``line N, word K`` of a JSONL file), for error messages."""
+
+    words: list[str]
+    tags: list[str]
+    where: list[str]
+
+
+def parse_conll(path: str | Path) -> list[TaggedSentence]:
+    """The sentences of a CoNLL-style file: one ``word<TAB or space>...<tag>`` line per word (the tag is the last
+    column), sentences separated by blank lines or by lines of whitespace only (as WNUT-17's files have);
+    ``-DOCSTART-`` lines skipped. Every word line has the file's number of columns (the count most of its lines
+    have), so a word holding a space (``New York B-LOC``) is refused, not read as ``New`` with ``York`` lost.
 
     Returns:
-        A Dataset with ``tokens`` (list of str) and ``label`` (list of int ids) or ``tag_names`` (list of str).
+        The sentences, each word with its 1-based line number in the file.
 
     Raises:
-        DataError: the file is missing or empty, a line has one column only, or a tag is not in ``label_names``
-            (the message names the file, the line and the tag).
+        DataError: the file is missing, not UTF-8 or holds no sentence; a line has one column only, or another number
+            of columns than the file's (the message names the file, the line and the fix).
     """
     from distill.data import DataError
 
@@ -48,39 +66,134 @@ def read_conll(path: str | Path, label_names: tuple[str, ...] | None = None) -> 
     if not path.is_file():
         raise DataError(f"{path} does not exist; give a CoNLL file (a word and its tag on each line, a blank line "
                         "between sentences)")
-    sentences: list[tuple[list[str], list[str]]] = []
-    words: list[str] = []
-    tags: list[str] = []
+    lines: list[tuple[int, list[str], str]] = []
     try:  # utf-8-sig: a byte-order mark is not part of the first word
         with path.open(encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, start=1):
                 # Columns split at tabs and ASCII spaces only: a no-break space is part of a word ("10\u00a0000").
-                fields = [field for field in re.split(r"[ \t]+", line.strip(" \t\r\n")) if field]
-                if not fields or fields[0] == "-DOCSTART-":
-                    if words:
-                        sentences.append((words, tags))
-                    words, tags = [], []
-                    continue
-                if len(fields) < 2:
-                    raise DataError(f"{path}, line {number}: {line.strip()!r} has no tag; each line holds a word and "
-                                    "its tag (the last column), separated by a tab or spaces")
-                words.append(fields[0])
-                tags.append(fields[-1])
+                lines.append((number, [field for field in re.split(r"[ \t]+", line.strip(" \t\r\n")) if field],
+                              line.strip()))
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text (byte {error.start}); save the file as UTF-8") from None
-    if words:
-        sentences.append((words, tags))
+    words = [fields for _, fields, _ in lines if fields and fields[0] != "-DOCSTART-"]
+    columns = Counter(len(fields) for fields in words).most_common(1)[0][0] if words else 2  # the first on a tie
+    sentences: list[TaggedSentence] = []
+    current = TaggedSentence([], [], [])
+    for number, fields, text in lines:
+        if not fields or fields[0] == "-DOCSTART-":
+            if current.words:
+                sentences.append(current)
+            current = TaggedSentence([], [], [])
+            continue
+        if len(fields) < 2:
+            raise DataError(f"{path}, line {number}: {text!r} has no tag; each line holds a word and its tag (the "
+                            "last column), separated by a tab or spaces")
+        if len(fields) != columns:
+            why = ("a word holding a space is read as two columns: give each word a line of its own, with its tag"
+                   if len(fields) > columns else "a column is missing: give every line the same columns")
+            raise DataError(f"{path}, line {number}: {text!r} has {len(fields)} columns where the file's lines have "
+                            f"{columns}; {why}")
+        current.words.append(fields[0])
+        current.tags.append(fields[-1])
+        current.where.append(f"line {number}")
+    if current.words:
+        sentences.append(current)
     if not sentences:
         raise DataError(f"{path} holds no sentence")
+    return sentences
+
+
+def read_conll(path: str | Path, label_names: tuple[str, ...] | None = None, fix: str | None = None
+               ) -> datasets.Dataset:
+    """A CoNLL-style file (:func:`parse_conll`) as a dataset.
+
+    Args:
+        path: the file (UTF-8).
+        label_names: tags in id order; None keeps the tags as strings (column ``tag_names``).
+        fix: how to accept a tag outside ``label_names``, for the error (default: set ``task.label_names``).
+
+    Returns:
+        A Dataset with ``tokens`` (list of str) and ``label`` (list of int ids) or ``tag_names`` (list of str).
+
+    Raises:
+        DataError: what :func:`parse_conll` raises, or a tag not in ``label_names`` (the message names the file, the
+            line of its first use and the tag).
+    """
+    sentences = parse_conll(path)
     if label_names is None:
-        return datasets.Dataset.from_dict({"tokens": [s[0] for s in sentences], "tag_names": [s[1] for s in sentences]})
+        return datasets.Dataset.from_dict({"tokens": [s.words for s in sentences],
+                                           "tag_names": [s.tags for s in sentences]})
+    ids = check_tags(sentences, label_names, path, fix)
+    return datasets.Dataset.from_dict({"tokens": [s.words for s in sentences],
+                                       "label": [[ids[t] for t in s.tags] for s in sentences]})
+
+
+def check_tags(sentences: list[TaggedSentence], label_names: tuple[str, ...], path: str | Path,
+               fix: str | None = None) -> dict[str, int]:
+    """Every tag of ``sentences`` is one of ``label_names``; returns {tag: id}.
+
+    Raises:
+        DataError: the first tag (in file order) that is not, with its file, line and ``fix``.
+    """
+    from distill.data import DataError
+
     ids = {name: i for i, name in enumerate(label_names)}
-    unknown = sorted({tag for _, sentence_tags in sentences for tag in sentence_tags} - ids.keys())
-    if unknown:
-        raise DataError(f"{path}: tag(s) {unknown} are not among the task's labels {list(label_names)}; set "
-                        "task.label_names to the file's tag set")
-    return datasets.Dataset.from_dict({"tokens": [s[0] for s in sentences],
-                                       "label": [[ids[t] for t in s[1]] for s in sentences]})
+    for sentence in sentences:
+        for tag, where in zip(sentence.tags, sentence.where):
+            if tag not in ids:
+                raise DataError(f"{path}, {where}: tag {tag!r} is not among the task's labels {list(label_names)}; "
+                                + (fix or "fix the tag, or add it to task.label_names"))
+    return ids
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two neighbours each count
+    one edit ("PRE" and "PER" are one edit apart)."""
+    previous2, previous = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], previous2[j - 2] + 1)
+        previous2, previous = previous, row
+    return previous[len(b)]
+
+
+def check_tag_counts(sentences: list[TaggedSentence], path: str | Path) -> None:
+    """The tags of a user's training file, read without ``task.label_names``, look like a tag set, not like typos:
+    a tag seen fewer than :data:`MIN_TAG_COUNT` times, or whose entity type is one edit from (or differs only in case
+    from) a type seen :data:`NEAR_TYPE_RATIO` times as often, is refused; ``task.label_names`` accepts it.
+
+    Raises:
+        DataError: the first such tag in file order, with its line, how often it is seen and the likely intended tag.
+    """
+    from distill.data import DataError
+
+    counts: Counter = Counter()
+    types: Counter = Counter()
+    first: dict[str, str] = {}
+    for sentence in sentences:
+        for tag, where in zip(sentence.tags, sentence.where):
+            counts[tag] += 1
+            first.setdefault(tag, where)
+            if tag != "O":
+                types[tag[2:]] += 1
+    accept = ("fix it, or set task.label_names to every tag of the task (in id order) to keep it as a tag of its "
+              "own")
+    for tag in first:  # in file order
+        if tag == "O":
+            continue
+        kind = tag[2:]
+        near = [other for other in types if other != kind and types[other] >= NEAR_TYPE_RATIO * types[kind]
+                and edit_distance(kind.lower(), other.lower()) <= 1]
+        if near:
+            raise DataError(f"{path}, {first[tag]}: tag {tag!r} (type {kind!r}, {types[kind]} time(s)) looks like a "
+                            f"typo of type {near[0]!r} ({types[near[0]]} times), one edit away; {accept}")
+        if counts[tag] < MIN_TAG_COUNT:
+            raise DataError(f"{path}, {first[tag]}: tag {tag!r} is seen {counts[tag]} time(s) in the training file, "
+                            f"under the {MIN_TAG_COUNT} a tag of its own needs (a typo would otherwise become a "
+                            f"class); {accept}")
 
 
 def align_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:
@@ -250,69 +363,120 @@ def tag_order(tags) -> list[str]:
 
 
 def read_tagged_file(path: str | Path, spec) -> datasets.Dataset:
-    """One split of a user's token-classification task: a CoNLL file (:func:`read_conll`), or JSONL with a word-list
-    column and a tag-list column (tags as names, or ids into ``spec.label_names``).
+    """One split of a token-classification task: a CoNLL file (:func:`parse_conll`), or JSONL with a word-list
+    column and a tag-list column (tags as names, or ids into ``spec.label_names``), its tags checked against the
+    task's tag set and as IOB2 (:func:`check_iob2`).
 
     Returns:
         ``tokens`` (list of str) and ``label`` (list of int) per sentence.
 
     Raises:
-        DataError: missing columns, a sentence whose word and tag lists differ in length, an unknown tag.
+        DataError: missing columns, a sentence whose word and tag lists differ in length, an unknown tag, tags that
+            are not IOB2; each names the file and the line.
+    """
+    sentences = read_tagged_sentences(path, spec)
+    ids = check_tags(sentences, spec.label_names, path, _accept_tag(spec))
+    check_iob2([s.tags for s in sentences], [s.where for s in sentences], path)
+    return datasets.Dataset.from_dict({"tokens": [s.words for s in sentences],
+                                       "label": [[ids[t] for t in s.tags] for s in sentences]})
+
+
+def _accept_tag(spec) -> str:
+    """How to accept a tag outside the task's tag set, for errors: a named task's set is fixed."""
+    if spec.hub is not None:
+        return (f"{spec.name}'s tags are fixed: fix the tag, or run the files as a task of your own (task.train_file, "
+                "dev_file, task_type: token_classification, label_names)")
+    return "fix the tag, or add it to task.label_names"
+
+
+def read_tagged_sentences(path: str | Path, spec) -> list[TaggedSentence]:
+    """The sentences of a CoNLL or JSONL tagged file, tags as names (JSONL ids mapped through ``spec.label_names``),
+    each word with where it is in the file.
+
+    Raises:
+        DataError: see :func:`parse_conll`; for JSONL, missing columns, word and tag lists of other lengths, an id
+            outside the tag set or ids without ``label_names``.
     """
     from distill.data import DataError, read_table, require_columns
 
     path = Path(path)
     if path.suffix not in JSON_SUFFIXES:
-        return check_iob2(read_conll(path, spec.label_names), spec.label_names, path)
+        return parse_conll(path)
     (source,) = [name for name, ours in spec.tsv_columns.items() if ours == "tokens"] or ["tokens"]
     table = read_table(str(path))
     require_columns(table, [source, spec.label_column], str(path))
-    ids = {name: i for i, name in enumerate(spec.label_names)}
-    labels = []
+    names = list(spec.label_names)
+    sentences = []
     for line, (words, tags) in enumerate(zip(table[source], table[spec.label_column]), start=1):
         if len(words) != len(tags):
             raise DataError(f"{path}, line {line}: {len(words)} words but {len(tags)} tags")
-        try:
-            labels.append([t if isinstance(t, int) and 0 <= t < len(ids) else ids[t] for t in tags])
-        except KeyError as unknown:
-            raise DataError(f"{path}, line {line}: tag {unknown.args[0]!r} is not among the task's labels "
-                            f"{list(spec.label_names)}; set task.label_names to the file's tag set") from None
-    return check_iob2(datasets.Dataset.from_dict({"tokens": [list(map(str, w)) for w in table[source]],
-                                                  "label": labels}), spec.label_names, path)
+        named = []
+        for word, tag in enumerate(tags, start=1):
+            if isinstance(tag, int) and not isinstance(tag, bool):
+                if not names:
+                    raise DataError(f"{path}, line {line}: tags are ids, not names; set task.label_names to the tag "
+                                    "names in id order")
+                if not 0 <= tag < len(names):
+                    raise DataError(f"{path}, line {line}, word {word}: tag id {tag} is not an id of the task's "
+                                    f"labels {names}")
+                tag = names[tag]
+            named.append(str(tag))
+        sentences.append(TaggedSentence(list(map(str, words)), named,
+                                        [f"line {line}, word {word}" for word in range(1, len(words) + 1)]))
+    return sentences
 
 
-def check_iob2(dataset: datasets.Dataset, label_names: tuple[str, ...], path: str | Path) -> datasets.Dataset:
+def check_iob2(tags: list[list[str]], where: list[list[str]], path: str | Path) -> None:
     """The gold tags as IOB2 (Ramshaw and Marcus, 1995; Tjong Kim Sang and Veenstra, 1999): an ``I-type`` tag only
     after ``B-type`` or ``I-type`` of the same type. seqeval's strict IOB2 mode, which scores the entities, drops an
     entity that breaks this, so IOB1 files (the original CoNLL-2003 ``eng.*``) would score near 0.
 
-    Returns:
-        ``dataset`` unchanged.
+    A file is IOB1 when more of its entities start with ``I-`` than with ``B-`` (IOB1 writes ``B-`` only between two
+    entities of one type); only then is converting it the advice. In an IOB2 file the first broken tag is named as a
+    likely typo instead (``B-PRE`` followed by ``I-PER``).
+
+    Args:
+        tags: per sentence, its tags. where: per sentence, where each word is (``line N``), for the message.
 
     Raises:
-        DataError: the first tag that breaks IOB2, with its file, sentence and word.
+        DataError: the first tag that breaks IOB2, with its file and line and the fix for this file.
     """
     from distill.data import DataError
 
-    for number, sentence in enumerate(dataset["label"], start=1):
+    broken, starts_with_b, starts_with_i = None, 0, 0
+    for sentence, places in zip(tags, where):
         previous = "O"
-        for word, tag_id in enumerate(sentence, start=1):
-            tag = label_names[tag_id]
-            if tag.startswith("I-") and previous[2:] != tag[2:]:
-                raise DataError(f"{path}, sentence {number}, word {word}: {tag!r} follows {previous!r}, which IOB2 "
-                                "does not allow (an entity starts with B-); the tags look like IOB1: convert them "
-                                "to IOB2 (an I- tag that starts an entity becomes B-)")
+        for tag, place in zip(sentence, places):
+            if tag.startswith("B-"):
+                starts_with_b += 1
+            elif tag.startswith("I-") and previous[2:] != tag[2:]:
+                starts_with_i += 1
+                broken = broken or (tag, previous, place)
             previous = tag
-    return dataset
+    if broken is None:
+        return
+    tag, previous, place = broken
+    head = f"{path}, {place}: {tag!r} follows {previous!r}, which IOB2 does not allow"
+    if starts_with_i > starts_with_b:
+        raise DataError(f"{head} (an entity starts with B-); {starts_with_i} of the file's entities start with I- and "
+                        f"{starts_with_b} with B-, so the tags look like IOB1: convert them to IOB2 (an I- tag that "
+                        "starts an entity becomes B-)")
+    if previous == "O":
+        raise DataError(f"{head}: an entity starts with B-, as {starts_with_b} of the file's entities do; a typo for "
+                        f"'B-{tag[2:]}'? fix the tag")
+    raise DataError(f"{head}: an I- tag continues an entity of its own type; one of the two tags is a typo (the "
+                    f"file's entities start with B-, {starts_with_b} of them): fix it")
 
 
 def user_spec(config):
     """The :class:`~distill.data.TaskSpec` of a user's token-classification files (``task.train_file``,
     ``dev_file``; ``text_columns`` [word-list column] and ``label_column`` for JSONL). Without ``label_names`` the
-    tags are those of the training file (:func:`tag_order`).
+    tags are those of the training file (:func:`tag_order`), refused where they look like typos
+    (:func:`check_tag_counts`).
 
     Raises:
-        DataError: no dev file; JSONL tags given as ids without ``label_names``; dev tags the training file lacks.
+        DataError: no dev file; JSONL tags given as ids without ``label_names``; a rare or near-duplicate tag in the
+            training file, or dev tags the training file lacks (each with its line); tags that are not BIO.
     """
     from distill.data import DataError, TaskSpec
 
@@ -322,14 +486,17 @@ def user_spec(config):
     probe = TaskSpec(config.name, ("tokens",), config.label_column, (), tsv_columns={column: "tokens"}, hub=None,
                      task_type="token_classification")
     label_names = tuple(config.label_names or ())
+    first: dict[str, str] = {}
     if not label_names:
-        found = {split: _tag_names(path, probe) for split, path in (("train", config.train_file),
-                                                                    ("dev", config.dev_file))}
-        label_names = tuple(tag_order(found["train"]))
-        unseen = sorted(set(found["dev"]) - set(label_names))
-        if unseen:
-            raise DataError(f"{config.dev_file}: tag(s) {unseen} are in the dev set but not in the training set "
-                            f"{config.train_file}; fix them, or set task.label_names to every tag")
+        found = {split: _tagged(path, probe) for split, path in (("train", config.train_file),
+                                                                 ("dev", config.dev_file))}
+        check_tag_counts(found["train"], config.train_file)
+        label_names = tuple(tag_order(t for s in found["train"] for t in s.tags))
+        for sentence in found["train"]:
+            for tag, where in zip(sentence.tags, sentence.where):
+                first.setdefault(tag, f"{config.train_file}, {where}")
+        check_tags(found["dev"], label_names, config.dev_file,
+                   f"it is not in the training set {config.train_file}; fix it, or set task.label_names to every tag")
         logger.info("task %s: tags %s (from %s; set task.label_names to fix their order)", config.name,
                     list(label_names), config.train_file)
     metrics = tuple(config.metrics or NER_METRICS)
@@ -338,21 +505,14 @@ def user_spec(config):
                         f"first (a model that tags every word O has a high word accuracy); got {list(metrics)}")
     not_bio = [tag for tag in label_names if tag != "O" and tag[:2] not in ("B-", "I-")]
     if not_bio:
-        raise DataError(f"task {config.name}: tag(s) {not_bio[:5]} are not BIO tags (O, B-type, I-type), which "
+        where = f" ({first[not_bio[0]]})" if not_bio[0] in first else ""
+        raise DataError(f"task {config.name}: tag(s) {not_bio[:5]}{where} are not BIO tags (O, B-type, I-type), which "
                         "entity-level scoring needs; convert the files to BIO")
     return TaskSpec(config.name, ("tokens",), config.label_column, label_names, metrics, hub=None,
                     tsv_columns={column: "tokens"}, dev_file=config.dev_file, train_file=config.train_file,
                     task_type="token_classification")
 
 
-def _tag_names(path: str, probe) -> list[str]:
-    from distill.data import DataError, read_table, require_columns
-
-    if Path(path).suffix not in JSON_SUFFIXES:
-        return [tag for tags in read_conll(path)["tag_names"] for tag in tags]
-    table = read_table(path)
-    require_columns(table, [probe.label_column], path)
-    tags = [tag for row in table[probe.label_column] for tag in row]
-    if any(not isinstance(tag, str) for tag in tags):
-        raise DataError(f"{path}: tags are ids, not names; set task.label_names to the tag names in id order")
-    return tags
+def _tagged(path: str, probe) -> list[TaggedSentence]:
+    """The sentences of a file of a task whose tags are not named yet (JSONL tags must be names then)."""
+    return read_tagged_sentences(path, probe)
