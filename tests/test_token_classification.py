@@ -195,10 +195,33 @@ def test_entity_metrics_are_seqevals_strict_iob2_scores():
     # Strict IOB2: an entity that starts with I- is not an entity (seqeval's default mode would count it: F1 2/3).
     orphan = np.eye(len(TAGS))[[0, 2, 2, 0, 0, 0]]
     assert entity_metrics([orphan], [gold], TAGS)["f1"] == 0.0
-    # Chance, as the guard-rail reads it, is what tagging every word O scores: no entity, F1 0.
+    # Tagging every word O finds no entity: F1 0.
     everything_o = np.eye(len(TAGS))[[0] * len(gold)]
-    assert entity_metrics([everything_o], [gold], TAGS)["f1"] == get_task_type(
-        "token_classification").chance(TASKS["wnut_17"])["value"]
+    assert entity_metrics([everything_o], [gold], TAGS)["f1"] == 0.0
+
+
+def test_chance_is_the_best_constant_tag_on_the_dev_labels():
+    """Chance, as the guard-rail and the report read it: the best one tag for every word. Gold: person (s1 w1),
+    location (s1 w3), person, person (s2): every word B-person finds 3 of the 4 entities among its 5, F1 2/3;
+    B-location finds 1 (F1 2/9); O and the I- tags find none."""
+    spec = task_spec(TaskConfig(name="ner", task_type="token_classification", train_file="unused.conll",
+                                dev_file="unused.conll", label_names=list(TAGS)))
+    kind = get_task_type("token_classification")
+    dev = [[1, 0, 3], [1, 1]]
+    found = kind.chance(spec, dev)
+    person = [np.eye(len(TAGS))[[1] * len(s)] for s in dev]
+    assert found["value"] == pytest.approx(2 / 3) == entity_metrics(person, [np.array(s) for s in dev], TAGS)["f1"]
+    assert found["basis"] == "every word tagged 'B-person'" and found["metric"] == "f1"
+    # The teacher's bar is chance + 0.05: an F1 of 0.70 is refused on these labels.
+    from teachers.finetune import check_teacher_quality
+    from teachers.models import ModelError
+
+    with pytest.raises(ModelError, match=r"chance is 0.6667, every word tagged 'B-person'"):
+        check_teacher_quality({"f1": 0.70, "precision": 0.7, "recall": 0.7, "accuracy": 0.9}, spec, None, "t", dev)
+    # Where no entity is one word long, no constant tag finds one: 0, every word tagged O.
+    assert kind.chance(spec, [[1, 2, 0], [0, 3, 4]]) == {"metric": "f1", "value": 0.0,
+                                                          "basis": "every word tagged O (no entity found)"}
+    assert kind.chance(TASKS["wnut_17"])["value"] == 0.0  # no dev labels given: every word O
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -396,7 +419,8 @@ def test_a_broken_tag_in_an_iob2_file_is_named_as_a_typo_not_as_iob1(tmp_path):
         load_task_data(config)
     assert "IOB1" not in str(refused.value)
     orphan = write_conll(tmp_path / "orphan.conll", people + [(["the", "actor", "cast"], ["O", "O", "I-PER"])])
-    with pytest.raises(DataError, match=r"orphan.conll, line 15: 'I-PER' follows 'O', .* a typo for 'B-PER'\?") as refused:
+    with pytest.raises(DataError, match=r"orphan.conll, line 15: 'I-PER' follows 'O', .* a typo for "
+                                        r"'B-PER'\?") as refused:
         load_task_data(_own(orphan, label_names=list(tags)))
     assert "IOB1" not in str(refused.value)
     # JSONL tags name the line and the word.

@@ -281,9 +281,9 @@ class TokenClassification(TaskType):
         return "ner_minilm.yaml", "the recipe for token classification"
 
     def chance(self, spec, dev_labels=None):
-        # The best constant guess tags every word O (the commonest tag): it finds no entity, so entity precision,
-        # recall and F1 are 0 (its word accuracy is the O rate, which is why accuracy is not the primary metric).
-        return {"metric": spec.metrics[0], "value": 0.0, "basis": "every word tagged O (no entity found)"}
+        from distill.tasks.token_classification import constant_guess
+
+        return constant_guess(spec, dev_labels)
 
     def usage(self, model, spec=None):
         # "first": each word takes its first piece's tag, the piece the loss and the entity scores read (the other

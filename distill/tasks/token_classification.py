@@ -324,6 +324,33 @@ def entity_metrics(logits: list[np.ndarray] | np.ndarray, labels: list[np.ndarra
             "accuracy": correct / words if words else 0.0}
 
 
+def constant_guess(spec, dev_labels=None) -> dict:
+    """Chance on a token-classification task: what the best constant guess, one tag for every word, scores on the
+    primary metric (``spec.metrics[0]``, an entity metric: :func:`user_spec` refuses word accuracy first) of these dev
+    labels, as :func:`entity_metrics` scores it. Tagging every word ``O`` (or an ``I-`` tag, which strict IOB2 never
+    lets start an entity) finds no entity: 0. Tagging every word ``B-x`` finds each one-word entity of type x, so
+    where those are common it scores above 0.
+
+    Args:
+        spec: the task (its tags, :attr:`TaskSpec.label_names`, and metrics).
+        dev_labels: per dev sentence its word tags as ids, (W_i,); None: 0, every word tagged ``O``.
+
+    Returns:
+        {"metric", "value", "basis" (the guess, in words)}, as :func:`teachers.finetune.chance`.
+    """
+    metric = spec.metrics[0]
+    best = {"metric": metric, "value": 0.0, "basis": "every word tagged O (no entity found)"}
+    sentences = [np.asarray(labels, dtype=np.int64) for labels in ([] if dev_labels is None else dev_labels)]
+    for tag_id, tag in enumerate(spec.label_names if any(len(s) for s in sentences) else ()):
+        if not tag.startswith("B-"):
+            continue
+        guess = [np.eye(len(spec.label_names))[np.full(len(s), tag_id)] for s in sentences]
+        value = entity_metrics(guess, sentences, spec.label_names)[metric]
+        if value > best["value"]:
+            best = {"metric": metric, "value": value, "basis": f"every word tagged {tag!r}"}
+    return best
+
+
 class TokenCollator:
     """Pad a list of tokenized sentences into a batch: inputs by the tokenizer, ``labels`` with :data:`IGNORE` and
     cached ``teacher_logits`` (T_i, C) with zeros (never read: those positions are not scored), on the tokenizer's
