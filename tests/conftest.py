@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,20 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # that set TINYDISTILL_TEST_ACCELERATOR=1, which leaves accelerate's choice alone.
 if os.environ.get("TINYDISTILL_TEST_ACCELERATOR") != "1":
     os.environ["ACCELERATE_USE_CPU"] = "1"
+
+
+# The shared data set folder (PROVENANCE.md there): ../shared/data beside the checkout, as CI links it.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def shared_data(relative: str) -> Path:
+    """``SHARED_DATA / relative``; a test that needs it fails when it is missing, never skips: a checkout without the
+    data would otherwise pass without running the tests that read it (CI runs with ../shared linked)."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        pytest.fail(f"the shared data {path} is missing: link the shared data folder beside the checkout "
+                    f"({SHARED_DATA.parent}), as CI does", pytrace=False)
+    return path
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -246,3 +246,15 @@ def test_export_reads_the_runs_config_and_never_reports_another_dev_sets_numbers
         assert run_distill.main(["export", "--student", str(run), "--set", "task.max_eval_examples=2"]) == 0
     assert "up to date" not in caplog.text
     assert json.loads(record_file.read_text())["num_dev_examples"] == 2
+
+
+# --- the shared data the tests read: missing is a failure, not a skip ---
+
+def test_a_test_whose_shared_data_is_missing_fails_instead_of_skipping(tmp_path, monkeypatch):
+    from tests import conftest as suite
+
+    assert suite.shared_data("ner/wnut17") == suite.SHARED_DATA / "ner" / "wnut17"  # here, as in CI
+    monkeypatch.setattr(suite, "SHARED_DATA", tmp_path / "elsewhere" / "shared" / "data")
+    with pytest.raises(pytest.fail.Exception, match=r"the shared data .*elsewhere/shared/data/ner/wnut17 is missing: "
+                                                    r"link the shared data folder beside the checkout"):
+        suite.shared_data("ner/wnut17")

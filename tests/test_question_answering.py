@@ -30,7 +30,7 @@ from distill.tasks.question_answering import (
     squad_metrics,
     tokenize_questions,
 )
-from tests.conftest import tiny_bert_config, tiny_job
+from tests.conftest import shared_data, tiny_bert_config, tiny_job
 
 # Words of the tiny vocabulary of conftest ("wonderful" is two pieces).
 CONTEXTS = ["the movie was good and the plot was fun . the cast was great",
@@ -65,9 +65,7 @@ def test_squad_files_read_one_row_per_question_and_bad_offsets_are_named(tmp_pat
 
 
 def test_the_squad_task_reads_the_shared_files():
-    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa" / "squad-v1.1"
-    if not folder.is_dir():
-        pytest.skip(f"the shared SQuAD files are not at {folder}")
+    folder = shared_data("qa/squad-v1.1")
     data = load_task_data(TaskConfig(name="squad", data_dir=str(folder), max_train_examples=5))
     assert (len(data["train"]), len(data["dev"])) == (5, 9380)  # the shared dev.json's questions (PROVENANCE.md)
     first = data["train"][0]

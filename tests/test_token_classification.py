@@ -23,7 +23,7 @@ from distill.tasks.token_classification import (
     read_conll,
     token_soft_cross_entropy,
 )
-from tests.conftest import tiny_bert_config, tiny_job
+from tests.conftest import shared_data, tiny_bert_config, tiny_job
 
 TAGS = ("O", "B-person", "I-person", "B-location", "I-location")
 SENTENCES = [  # words from the tiny vocabulary of conftest; "wonderful" is two pieces, "terrible" two
@@ -248,9 +248,7 @@ def test_predict_gives_one_row_per_real_token_in_dataset_order(tiny_tokenizer):
 
 
 def test_wnut17_reads_the_shared_conll_files():
-    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "ner" / "wnut17"
-    if not folder.is_dir():
-        pytest.skip(f"the shared WNUT-17 files are not at {folder}")
+    folder = shared_data("ner/wnut17")
     data = load_task_data(TaskConfig(name="wnut_17", data_dir=str(folder)))  # and their tags are IOB2
     assert (len(data["train"]), len(data["dev"])) == (3394, 1009)
     assert data["train"][0]["tokens"][:3] == ["@paulwalk", "It", "'s"]
@@ -438,7 +436,7 @@ def test_a_broken_tag_in_an_iob2_file_is_named_as_a_typo_not_as_iob1(tmp_path):
 def test_replacing_entity_words_with_a_hard_label_term_is_warned_of(hard_label_weight, warned, caplog):
     from distill.preflight import preflight
 
-    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "ner" / "wnut17"
+    folder = shared_data("ner/wnut17")
     config = load_config("ner_minilm.yaml", {"task.data_dir": str(folder), "augment.replace_entities": True,
                                              "distill.hard_label_weight": hard_label_weight})
     with caplog.at_level("WARNING", logger="distill.preflight"):
