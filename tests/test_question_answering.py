@@ -55,13 +55,47 @@ def test_squad_files_read_one_row_per_question_and_bad_offsets_are_named(tmp_pat
     assert rows.column_names == ["id", "question", "context", "label"] and len(rows) == 4
     assert rows[3]["label"] == {"text": ["very fine"], "answer_start": [CONTEXTS[1].index("very fine")]}
     bad = [(CONTEXTS[0], [("what was the plot ?", "fun", 31)])]
-    with pytest.raises(DataError, match=r"question 'q0-0': answer 'fun' is not at answer_start 31"):
+    with pytest.raises(DataError, match=r"question 'q0-0'\): answer 'fun' is not at answer_start 31"):
         read_squad(write_squad(tmp_path / "bad.json", bad))
     with pytest.raises(DataError, match=r"does not exist"):
         read_squad(tmp_path / "missing.json")
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"no top-level 'data' list"):
         read_squad(tmp_path / "list.json")
+
+
+def test_squad_errors_name_the_files_line(tmp_path):
+    """Bad data is named by the file's line (and the question's id): the line of the question's "id" field, with the
+    character where the file is one line long, as the official files are."""
+    bad = PARAGRAPHS[:1] + [(CONTEXTS[1], [("what was the film ?", "wonderful", 2), ("what was it ?", "bad", 3)])]
+    one_line = write_squad(tmp_path / "one_line.json", bad)
+    text = one_line.read_text()
+    character = text.index('"id": "q1-1"') + 1
+    with pytest.raises(DataError, match=rf"one_line.json, line 1, character {character} \(question 'q1-1'\): answer "
+                                        r"'bad' is not at answer_start 3"):
+        read_squad(one_line)
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(json.loads(text), indent=1), encoding="utf-8")
+    line = pretty.read_text().splitlines().index('       "id": "q1-1",') + 1
+    with pytest.raises(DataError, match=rf"pretty.json, line {line} \(question 'q1-1'\): answer 'bad' is not at"):
+        read_squad(pretty)
+    data = json.loads(text)
+    data["data"][0]["paragraphs"][1]["qas"][0]["answers"] = []
+    del data["data"][0]["paragraphs"][1]["qas"][1]["question"]
+    pretty.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    line = pretty.read_text().splitlines().index('       "id": "q1-0",') + 1
+    with pytest.raises(DataError, match=rf"pretty.json, line {line} \(question 'q1-0'\): no answer"):
+        read_squad(pretty)
+    data["data"][0]["paragraphs"][1]["qas"][0]["answers"] = [{"text": "wonderful", "answer_start": 2}]
+    data["data"][0]["paragraphs"][1]["qas"][1]["answers"] = [{"text": "bad", "answer_start": CONTEXTS[1].index("bad")}]
+    pretty.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    line = pretty.read_text().splitlines().index('       "id": "q1-1",') + 1
+    with pytest.raises(DataError, match=rf"pretty.json, line {line} \(question 'q1-1'\): not the SQuAD layout "
+                                        r"\(missing 'question'\)"):
+        read_squad(pretty)
+    (tmp_path / "broken.json").write_text('{"data": [\n  {"paragraphs": [}\n]}', encoding="utf-8")
+    with pytest.raises(DataError, match=r"broken.json, line 2, column 19: not valid JSON"):
+        read_squad(tmp_path / "broken.json")
 
 
 def test_the_squad_task_reads_the_shared_files():

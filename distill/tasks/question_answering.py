@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import datasets
@@ -60,7 +61,8 @@ def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
 
     Raises:
         DataError: the file is missing or not JSON, lacks the SQuAD layout, a question has no answer, or an
-            answer's text is not at its ``answer_start`` in the context (the question's id is named).
+            answer's text is not at its ``answer_start`` in the context; the message names the file's line (and the
+            character of a file of one line, as the official files are) and the question's id.
     """
     from distill.data import DataError
 
@@ -68,13 +70,17 @@ def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
     if not path.is_file():
         raise DataError(f"{path} does not exist; give a SQuAD v1.1 JSON file (data[].paragraphs[].qas[])")
     try:
-        articles = json.loads(path.read_text(encoding="utf-8"))["data"]
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DataError(f"{path} is not a JSON file ({error})") from None
+        text = path.read_text(encoding="utf-8")
+        articles = json.loads(text)["data"]
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}, line {error.lineno}, column {error.colno}: not valid JSON ({error.msg})") from None
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text (byte {error.start}); save the file as UTF-8") from None
     except (KeyError, TypeError):
         raise DataError(f"{path} has no top-level 'data' list; a SQuAD file is {{\"data\": [{{\"paragraphs\": "
                         "[{\"context\": ..., \"qas\": [...]}]}]}}") from None
     rows: dict[str, list] = {"id": [], "question": [], "context": [], "label": []}
+    qa: dict = {}
     try:
         for article in articles:
             for paragraph in article["paragraphs"]:
@@ -82,12 +88,12 @@ def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
                 for qa in paragraph["qas"]:
                     answers = qa["answers"]
                     if not answers:
-                        raise DataError(f"{path}: question {qa['id']!r} has no answer; SQuAD v1.1 questions all have "
+                        raise DataError(f"{path}, {_question_at(text, qa)}: no answer; SQuAD v1.1 questions all have "
                                         "one (unanswerable questions, as in SQuAD 2.0, are not supported)")
                     for answer in answers:
                         start = answer["answer_start"]
                         if context[start:start + len(answer["text"])] != answer["text"]:
-                            raise DataError(f"{path}: question {qa['id']!r}: answer {answer['text']!r} is not at "
+                            raise DataError(f"{path}, {_question_at(text, qa)}: answer {answer['text']!r} is not at "
                                             f"answer_start {start} of its context; fix answer_start")
                     rows["id"].append(str(qa["id"]))
                     rows["question"].append(qa["question"])
@@ -95,11 +101,26 @@ def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
                     rows["label"].append({"text": [a["text"] for a in answers],
                                           "answer_start": [int(a["answer_start"]) for a in answers]})
     except (KeyError, TypeError) as error:
-        raise DataError(f"{path}: not the SQuAD layout (missing {error}); each paragraph has 'context' and 'qas', "
-                        "each question 'id', 'question' and 'answers' with 'text' and 'answer_start'") from None
+        where = f", {_question_at(text, qa)}" if isinstance(qa, dict) and "id" in qa else ""
+        raise DataError(f"{path}{where}: not the SQuAD layout (missing {error}); each paragraph has 'context' and "
+                        "'qas', each question 'id', 'question' and 'answers' with 'text' and 'answer_start'") from None
     if not rows["id"]:
         raise DataError(f"{path} holds no question")
     return datasets.Dataset.from_dict(rows)
+
+
+def _question_at(text: str, qa: dict) -> str:
+    """Where a question is in its file's text, for messages: ``line N (question 'ID')`` at its ``"id"`` field, with
+    the character in the line where the file is one line long (the official SQuAD files are)."""
+    name = f"question {qa['id']!r}"
+    for spelled in dict.fromkeys((json.dumps(qa["id"]), json.dumps(qa["id"], ensure_ascii=False))):
+        found = re.search(r'"id"\s*:\s*' + re.escape(spelled), text)
+        if found is not None:
+            line = text.count("\n", 0, found.start()) + 1
+            column = found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1
+            one_line = "\n" not in text.rstrip("\n")
+            return f"line {line}" + (f", character {column}" if one_line else "") + f" ({name})"
+    return name
 
 
 def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int,
