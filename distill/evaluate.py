@@ -76,7 +76,7 @@ def sequence_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) ->
 
 
 @torch.no_grad()
-def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64
+def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64, progress: bool = True
             ) -> np.ndarray | list[np.ndarray]:
     """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32, or for a model with outputs per
     token (token classification; QA, whose start and end logits are (T_i, 2), :func:`distill.capture.head_logits`) a
@@ -87,6 +87,7 @@ def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size
             wrapper (no parameters; it takes CPU inputs) with ``device`` the CPU.
         dataset: tokenized (``input_ids``, ``attention_mask``, optionally ``token_type_ids``).
         device: where the batches go: the run's device (:func:`distill.device.run_device`).
+        progress: show an "evaluate" progress bar.
 
     Raises:
         ValueError: the model's weights are on another device than ``device``.
@@ -103,7 +104,7 @@ def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size
     order = np.argsort([len(ids) for ids in inputs["input_ids"]], kind="stable")
     loader = DataLoader(inputs.select(order), batch_size=batch_size, collate_fn=collator(tokenizer))
     chunks: list = []
-    for batch in tqdm(loader, desc="evaluate", leave=False):
+    for batch in tqdm(loader, desc="evaluate", leave=False, disable=not progress):
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = head_logits(model(**batch)).float().cpu()
         if logits.dim() == 3:  # (B, T, C): one row per real token of each example

@@ -8,7 +8,10 @@ of its logits from PyTorch's over the dev set, the fraction of dev predictions e
 metrics; plus a hash of the weights it was made from and of the dev set it was checked on (texts, labels, task,
 metrics, sequence length), so an unchanged student checked on the same dev set is not exported twice, a check on another
 dev set is made anew (its numbers are never reported for a dev set they were not measured on), and the benchmark can
-time these files instead of making its own.
+time these files instead of making its own; the longest input the graphs take (``max_seq_length``); and what the task
+type keeps for serving (:meth:`distill.tasks.TaskType.serving_config`: a QA reader's windows, ``question_answering``,
+which :class:`distill.tasks.question_answering.QuestionAnswerer` reads). A student saved without those gets them in
+its own ``config.json`` too.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from distill.capture import head_logits
 from distill.checkpoint import write_json_atomic
 from distill.data import TaskSpec, tokenize
 from distill.evaluate import compute_metrics, predict
+from distill.tasks import record_serving
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +251,10 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     out.mkdir(parents=True, exist_ok=True)
     model = spec.type.model_class(spec).from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    before = model.config.to_json_string()
+    serving = record_serving(model, spec, max_seq_length, keep=True)  # a QA reader's windows, kept if saved
+    if model.config.to_json_string() != before:  # a student saved without them gets them beside its weights
+        model.config.save_pretrained(folder)
     export_onnx(model, out / FILES["onnx"], max(128, max_seq_length))
     names = [FILES["onnx"]]
     if int8:
@@ -271,7 +279,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
                     files[name]["dev"])
     record = {"weights": weights_hash(folder), "checked_on": checked_on, "num_dev_examples": len(dev),
               "pytorch": {"dev": compute_metrics(spec, reference, labels)}, "files": files,
-              "max_seq_length": max(128, max_seq_length)}
+              "max_seq_length": max(128, max_seq_length), **serving}
     write_json_atomic(out / EXPORT_FILE, record)
     return record
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
 
 OUR_LOGGERS = ("distill", "teachers", "students", "augment")
 LIBRARY_LOGGERS = (
@@ -66,3 +67,18 @@ def quiet_libraries(level: int = logging.WARNING, force: bool = False) -> None:
         logger = logging.getLogger(name)
         if force or logger.level == logging.NOTSET:
             logger.setLevel(level)
+
+
+@contextmanager
+def no_progress_bars():
+    """``datasets``' progress bars (``map``'s "tokenize: ...") off while the block runs, then as they were: a call
+    that serves a few questions should print its answers, not bars."""
+    from datasets.utils import logging as datasets_logging
+
+    shown = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets_logging.enable_progress_bar()

@@ -79,6 +79,7 @@ from distill.report import (
     write_report,
 )
 from distill.stages import STAGES, ConfigView
+from distill.tasks import record_serving
 from distill.teacher_cache import CacheLayout, TeacherCache, build_teacher_cache, storage_dtype, with_cache_index
 from distill.terms import teacher_reads
 from distill.trainer import train
@@ -135,6 +136,7 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         metrics = evaluate_task(teacher, data, tokenizer, spec, config.task.max_seq_length, device=device)
         check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model,
                               dev_labels(data, spec))
+        record_serving(teacher, spec, config.task.max_seq_length)
         teacher.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
@@ -486,6 +488,7 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
                               config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"],
                               teacher_cache=cache)
+    record_serving(student, spec, config.task.max_seq_length)
     return on_main(folder, run_id, lambda: _save_student(  # one process saves it; the others then read its record
         folder, student, tokenizer, objective, record=(run_id, {"layer_map": [0, *layer_map], "weights": terms,
                                                                 **record})))
@@ -517,6 +520,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
                   list(range(1, student.config.num_hidden_layers + 1)))  # no layer is matched: logits alone
 
     def finish() -> None:  # one process saves and scores the student; the others then read its record
+        record_serving(student, spec, config.task.max_seq_length)  # how it is served as scored (a QA reader's windows)
         _save_student(folder, student, tokenizer)
         metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
         logger.info("student dev metrics: %s", metrics)

@@ -17,6 +17,7 @@ from distill.data import TaskSpec, collator, tokenize
 from distill.evaluate import evaluate, evaluate_task
 from distill.objective import ModelLossObjective
 from distill.processes import on_main
+from distill.tasks import record_serving
 from distill.trainer import BEST_FOLDER, Selection, train
 from teachers.models import ModelError, load_tokenizer, resolve_model
 
@@ -156,6 +157,7 @@ def finetune_teacher(
                   device=device, selection=selection)
 
     def finish() -> None:  # one process saves and scores the teacher; the others then read its record
+        record_serving(model, spec, task.max_seq_length)  # how it is served as scored (a QA reader's windows)
         model.save_pretrained(stage_dir)
         tokenizer.save_pretrained(stage_dir)
         # The kept weights were scored on the one dev set when they were selected (same data, batches and code): reuse

@@ -409,6 +409,11 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     export = json.loads((student / "onnx" / "export.json").read_text())
     assert export["files"]["model.onnx"]["same_prediction"] == 1.0
     assert export["files"]["model.onnx"]["max_abs_logit_difference"] < 1e-3
+    # The windows it was scored with are saved beside its weights (and the teacher's), in the ONNX copy and record.
+    windows = {"max_seq_length": 16, "doc_stride": 5, "max_answer_length": 30}
+    for config_file in (student / "config.json", out / "teacher" / "config.json", student / "onnx" / "config.json"):
+        assert json.loads(config_file.read_text())["question_answering"] == windows, config_file
+    assert export["question_answering"] == windows
     question, context = "what was the cast ?", PARAGRAPHS[0][0]
     reader, onnx_reader = QuestionAnswerer(student), QuestionAnswerer(student / "onnx" / "model.onnx")
     assert reader.max_seq_length == onnx_reader.max_seq_length == 16  # the run's own feature length
@@ -419,6 +424,127 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     assert (from_onnx["start"], from_onnx["end"]) == (from_pytorch["start"], from_pytorch["end"])
     assert 0.0 < from_pytorch["score"] <= 1.0
     assert reader([], []) == []
+
+
+def _rows(paragraphs=PARAGRAPHS):
+    import datasets
+
+    questions = [(context, q, a, s) for context, qas in paragraphs for q, a, s in qas]
+    return datasets.Dataset.from_dict({"question": [q for _, q, _, _ in questions],
+                                       "context": [c for c, _, _, _ in questions],
+                                       "label": [{"text": [a], "answer_start": [s]} for _, _, a, s in questions]})
+
+
+def trained_reader(tokenizer, max_seq_length: int, steps: int = 300) -> BertForQuestionAnswering:
+    """A tiny reader trained on PARAGRAPHS' questions in windows of ``max_seq_length`` (its own QA loss, one thread:
+    about 2 s), so that its answers are confident spans it learnt to point at, not noise."""
+    from distill.device import torch_threads
+    from distill.tasks.question_answering import doc_stride
+
+    features = tokenize_questions(_rows(), tokenizer, max_seq_length, doc_stride(max_seq_length))
+    batch = QuestionAnsweringCollator(tokenizer)(list(features))
+    batch.pop("context_mask")
+    model = tiny_qa_teacher().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    with torch_threads(1):
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(**batch).loss.backward()
+            optimizer.step()
+    return model.eval()
+
+
+def test_the_reader_answers_as_the_evaluation_does_with_the_windows_saved_beside_the_weights(
+        tmp_path, tiny_tokenizer, caplog):
+    """A reader made with 16-piece windows (stride 5, contexts of several windows) and saved as the pipeline saves
+    it: QuestionAnswerer from its folder, from a copy of it outside any run, and from the model object gives the
+    evaluation path's answers, spans and scores for every question; one that read with other windows would not."""
+    import shutil
+
+    from distill.data import TaskSpec
+    from distill.tasks import record_serving
+    from distill.tasks.question_answering import doc_stride
+
+    model = trained_reader(tiny_tokenizer, 16)
+    rows = _rows()
+    features = tokenize_questions(rows, tiny_tokenizer, 16, doc_stride(16))
+    examples = [label["example"] for label in features["labels"]]
+    assert max(examples.count(q) for q in set(examples)) > 1  # a context of several windows
+    outputs = predict(model, features, tiny_tokenizer, device="cpu")
+    evaluated = answers(outputs, features["labels"])
+    # Trained-looking: half its answers right (with four questions it learnt the windows better than the questions)
+    # and every one a confident span, not the near-uniform scores of an untrained reader.
+    assert squad_metrics(outputs, features["labels"])["f1"] >= 0.5
+    assert all(answer["score"] > 0.5 and answer["answer"] for answer in evaluated.values())
+    spec = TaskSpec("qa", ("question", "context"), "answers", ("start", "end"), ("f1", "exact_match"), hub=None,
+                    task_type="question_answering")
+    folder = tmp_path / "student"
+    record_serving(model, spec, 16)
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    shutil.copytree(folder, tmp_path / "copied")
+    expected = [{k: v for k, v in evaluated[q].items() if k != "gold"} for q in range(len(rows))]
+    with caplog.at_level(logging.WARNING, logger="distill.tasks.question_answering"):
+        for source in (folder, tmp_path / "copied", model):
+            reader = QuestionAnswerer(source, tokenizer=tiny_tokenizer)
+            assert reader.windows == {"max_seq_length": 16, "doc_stride": 5, "max_answer_length": 30}
+            got = reader(rows["question"], rows["context"])
+            for found, wanted in zip(got, expected):
+                assert (found["answer"], found["start"], found["end"]) == (wanted["answer"], wanted["start"],
+                                                                           wanted["end"])
+                assert found["score"] == pytest.approx(wanted["score"], rel=1e-5)
+    assert "records no windows" not in caplog.text
+    # Other windows read other features: the answers or their scores differ.
+    other = QuestionAnswerer(folder, max_seq_length=64)(rows["question"], rows["context"])
+    assert other[0]["score"] != pytest.approx(expected[0]["score"], rel=1e-5) or other != expected
+    assert QuestionAnswerer(folder, max_seq_length=64).windows == {"max_seq_length": 64, "doc_stride": 21,
+                                                                   "max_answer_length": 30}
+
+
+def test_a_reader_without_saved_windows_warns_and_reads_with_run_qas(tmp_path, tiny_tokenizer, caplog):
+    model = tiny_qa_teacher()
+    model.save_pretrained(tmp_path / "plain")
+    tiny_tokenizer.save_pretrained(tmp_path / "plain")
+    with caplog.at_level(logging.WARNING, logger="distill.tasks.question_answering"):
+        reader = QuestionAnswerer(tmp_path / "plain")
+    assert reader.windows == {"max_seq_length": 384, "doc_stride": 128, "max_answer_length": 30}
+    assert f"{tmp_path / 'plain'} records no windows" in caplog.text and "pass max_seq_length=" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="distill.tasks.question_answering"):
+        QuestionAnswerer(model, tokenizer=tiny_tokenizer)
+    assert "the BertForQuestionAnswering given records no windows" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="distill.tasks.question_answering"):
+        given = QuestionAnswerer(model, tokenizer=tiny_tokenizer, max_seq_length=32, max_answer_length=5)
+    assert given.windows == {"max_seq_length": 32, "doc_stride": 10, "max_answer_length": 5} and not caplog.text
+
+
+def test_the_reader_is_quiet_by_default(tmp_path, tiny_tokenizer, capfd):
+    """No "tokenize:" or "evaluate:" progress bar on each call (progress=True shows them)."""
+    import datasets.utils.logging as datasets_logging
+
+    model = tiny_qa_teacher()
+    datasets_logging.enable_progress_bar()
+    quiet = QuestionAnswerer(model, tokenizer=tiny_tokenizer, max_seq_length=16)
+    capfd.readouterr()
+    quiet(["what was the cast ?"] * 3, PARAGRAPHS[0][0])
+    err = capfd.readouterr().err
+    assert "tokenize" not in err and "evaluate" not in err
+    assert datasets_logging.is_progress_bar_enabled()  # put back as it was
+    QuestionAnswerer(model, tokenizer=tiny_tokenizer, max_seq_length=16, progress=True)(
+        ["what was the cast ?"] * 3, PARAGRAPHS[0][0])
+    assert "tokenize" in capfd.readouterr().err
+
+
+def test_leading_spaces_of_a_question_are_dropped_before_it_takes_pieces(tiny_roberta_tokenizer):
+    """A byte-level BPE tokenizer makes pieces of leading spaces (run_qa.py strips them: a question padded with
+    spaces would take the context's room); the features are those of the question without them."""
+    context = "the movie was good and the plot was fun . the cast was great"
+    spaced = _rows([(context, [("      what was the plot ?", "fun", context.index("fun"))])])
+    plain = _rows([(context, [("what was the plot ?", "fun", context.index("fun"))])])
+    assert len(tiny_roberta_tokenizer("      what")["input_ids"]) > len(tiny_roberta_tokenizer("what")["input_ids"])
+    ours, theirs = (tokenize_questions(rows, tiny_roberta_tokenizer, 24, 8) for rows in (spaced, plain))
+    assert ours["input_ids"] == theirs["input_ids"] and ours["start_positions"] == theirs["start_positions"]
 
 
 def test_predict_gives_start_and_end_logits_per_feature(tiny_tokenizer):

@@ -83,6 +83,12 @@ class TaskType:
 
     supports_augmentation: bool = True  # TinyBERT's word replacement keeps this type's labels true
 
+    def serving_config(self, spec: "TaskSpec", max_seq_length: int) -> dict:
+        """Entries a model of this type keeps in its ``config.json`` (and its ONNX record) so that it is served as it
+        was scored: {attribute: value}, set by :func:`record_serving` whenever a model is saved or exported. This
+        default: none."""
+        return {}
+
     def chance(self, spec: "TaskSpec", dev_labels: Any = None) -> dict:
         """What a model that has learnt nothing (the best constant guess on the dev set) scores on
         ``spec.metrics[0]``: {"metric", "value", "basis" (in words)} (see :func:`teachers.finetune.chance`)."""
@@ -386,6 +392,11 @@ class QuestionAnswering(TaskType):
     def recipe(self, spec):
         return "squad_minilm.yaml", "the recipe for extractive question answering"
 
+    def serving_config(self, spec, max_seq_length):
+        from distill.tasks.question_answering import WINDOWS_KEY, reader_windows
+
+        return {WINDOWS_KEY: reader_windows(max_seq_length)}  # read by QuestionAnswerer
+
     def chance(self, spec, dev_labels=None):
         # A reader that has learnt nothing finds no answer: EM and F1 0 (a random span scores a few points of F1,
         # which the refusal margin covers).
@@ -433,6 +444,22 @@ def get_task_type(name: str) -> TaskType:
     if name not in TASK_TYPES:
         raise ValueError(f"unknown task type {name!r}; use {', '.join(TASK_TYPES)}")
     return TASK_TYPES[name]
+
+
+def record_serving(model, spec: "TaskSpec", max_seq_length: int, keep: bool = False) -> dict:
+    """Set the task type's :meth:`TaskType.serving_config` entries on ``model.config`` (before it is saved), and
+    return them as they now are there.
+
+    Args:
+        model: a model with a ``config``.
+        spec: the task. max_seq_length: the word pieces per example it was trained and scored with.
+        keep: leave an entry the config already has as it is (an export of a student saved with its own).
+    """
+    entries = spec.type.serving_config(spec, max_seq_length)
+    for name, value in entries.items():
+        if not (keep and getattr(model.config, name, None) is not None):
+            setattr(model.config, name, value)
+    return {name: getattr(model.config, name) for name in entries}
 
 
 def load_head_model(folder, **kwargs):

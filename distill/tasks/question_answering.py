@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 import datasets
@@ -46,10 +47,24 @@ MAX_ANSWER_LENGTH = 30  # word pieces (run_qa.py's default)
 NO_SPAN = (-1, -1)  # the character span of a piece outside the context
 
 
+# The model config's entry (and the ONNX record's) with the windows a reader was scored with (reader_windows).
+WINDOWS_KEY = "question_answering"
+# The windows of run_qa.py's defaults: what QuestionAnswerer reads with when a model records none, with a warning.
+DEFAULT_MAX_SEQ_LENGTH = 384
+
+
 def doc_stride(max_seq_length: int) -> int:
     """Pieces shared by two consecutive windows of a long context: a third of the window (``run_qa.py``'s 128 of
     384), so an answer cut by one window's edge lies whole inside the next."""
     return max_seq_length // 3
+
+
+def reader_windows(max_seq_length: int) -> dict[str, int]:
+    """How a reader trained and scored with ``max_seq_length`` cuts and reads: ``max_seq_length`` (pieces per feature),
+    ``doc_stride`` (pieces shared by consecutive windows, :func:`doc_stride`) and ``max_answer_length`` (pieces); saved
+    in a QA model's ``config.json`` under :data:`WINDOWS_KEY` and in its ONNX record, for :class:`QuestionAnswerer`."""
+    return {"max_seq_length": max_seq_length, "doc_stride": doc_stride(max_seq_length),
+            "max_answer_length": MAX_ANSWER_LENGTH}
 
 
 def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
@@ -287,11 +302,13 @@ def best_span(logits: np.ndarray, offsets: list, n_best: int = N_BEST, max_answe
     return best
 
 
-def answers(outputs: list[np.ndarray], labels: list[dict]) -> dict[int, dict]:
+def answers(outputs: list[np.ndarray], labels: list[dict], max_answer_length: int = MAX_ANSWER_LENGTH
+            ) -> dict[int, dict]:
     """Each question's predicted answer: the best span over its features (:func:`best_span`).
 
     Args:
         outputs: per feature (T_i, 2) logits. labels: per feature the ``labels`` of :func:`tokenize_questions`.
+        max_answer_length: the longest answer, in pieces.
 
     Returns:
         {question index: {"answer": text ("" when no span is valid), "start", "end" (characters of the context,
@@ -301,7 +318,7 @@ def answers(outputs: list[np.ndarray], labels: list[dict]) -> dict[int, dict]:
     found: dict[int, dict] = {}
     for feature_logits, label in zip(outputs, labels):
         question = label["example"]
-        span = best_span(feature_logits, label["offsets"])
+        span = best_span(feature_logits, label["offsets"], max_answer_length=max_answer_length)
         if span is None:
             best = {"answer": "", "start": -1, "end": -1, "score": 0.0, "logit": float("-inf")}
         else:
@@ -400,20 +417,30 @@ class QuestionAnswerer:
     ``question-answering`` pipeline; a saved student is a plain ``...ForQuestionAnswering`` checkpoint, which that
     pipeline of ``transformers`` 4 reads as it is.
 
+    The windows (``max_seq_length``, ``doc_stride``, ``max_answer_length``) are those the model was scored with: given
+    here, else read from the model (its ``config.json``'s ``question_answering`` entry, written when a student is
+    saved or exported; an ONNX file's ``export.json``; the config of the pipeline run a student folder is in). A model
+    that records none is read with ``run_qa.py``'s 384 / 128 / 30, with a warning: other windows than the evaluation's
+    give other answers.
+
     Args:
         model: a checkpoint folder, an ``.onnx`` file (its folder holds the tokenizer, as a student's ``onnx/``
             does), or a loaded ``...ForQuestionAnswering`` model with ``tokenizer``.
         tokenizer: the model's tokenizer (default: the one saved beside it).
-        max_seq_length: pieces per feature (question, context window and special tokens); default: the
-            ``task.max_seq_length`` of the pipeline run that made a student folder, else 384.
+        max_seq_length: pieces per feature (question, context window and special tokens); default: the model's.
+        doc_stride: pieces shared by two windows of one context; default: the model's, or a third of a given
+            ``max_seq_length``.
+        max_answer_length: the longest answer, in pieces; default: the model's.
         device: where a PyTorch model runs (default: where its weights are; ONNX files run on the CPU).
+        progress: show the tokenizing and evaluating progress bars (default: quiet).
 
     Call with a question and a context, a list of questions and one context they share, or lists of both (one
     context per question); returns {"answer", "start", "end", "score"} (characters of the context, end exclusive;
     score as in :func:`answers`), or a list of them. Raises ValueError for other shapes.
     """
 
-    def __init__(self, model, tokenizer=None, max_seq_length: int | None = None, device=None):
+    def __init__(self, model, tokenizer=None, max_seq_length: int | None = None, doc_stride: int | None = None,
+                 max_answer_length: int | None = None, device=None, progress: bool = False):
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
         from distill.device import model_device
@@ -423,16 +450,22 @@ class QuestionAnswerer:
             path = Path(model)
             folder = path.parent if path.suffix == ".onnx" else path
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(folder)
-            max_seq_length = max_seq_length or _trained_length(folder)
+            saved, what = saved_windows(folder), str(path)
             model = OnnxClassifier(path) if path.suffix == ".onnx" else \
                 AutoModelForQuestionAnswering.from_pretrained(path).eval()
+        else:
+            saved = getattr(getattr(model, "config", None), WINDOWS_KEY, None)
+            what = f"the {type(model).__name__} given"
         if tokenizer is None:
             raise ValueError("QuestionAnswerer: give the tokenizer of a model passed as an object")
-        self.model, self.tokenizer, self.max_seq_length = model, tokenizer, max_seq_length or 384
+        self.model, self.tokenizer, self.progress = model, tokenizer, progress
+        self.windows = _windows(saved, what, max_seq_length, doc_stride, max_answer_length)
+        self.max_seq_length = self.windows["max_seq_length"]
         self.device = torch.device(device) if device is not None else (model_device(model) or torch.device("cpu"))
 
     def __call__(self, question: str | list[str], context: str | list[str]) -> dict | list[dict]:
         from distill.evaluate import predict
+        from distill.logs import no_progress_bars
 
         single = isinstance(question, str)
         if single and not isinstance(context, str):
@@ -446,11 +479,52 @@ class QuestionAnswerer:
             return []
         rows = datasets.Dataset.from_dict({"question": questions, "context": contexts,
                                            "label": [{"text": [""], "answer_start": [0]}] * len(questions)})
-        features = tokenize_questions(rows, self.tokenizer, self.max_seq_length, doc_stride(self.max_seq_length))
-        outputs = predict(self.model, features, self.tokenizer, device=self.device)
-        found = answers(outputs, features["labels"])
+        with no_progress_bars() if not self.progress else nullcontext():
+            features = tokenize_questions(rows, self.tokenizer, self.windows["max_seq_length"],
+                                          self.windows["doc_stride"])
+            outputs = predict(self.model, features, self.tokenizer, device=self.device, progress=self.progress)
+        found = answers(outputs, features["labels"], self.windows["max_answer_length"])
         results = [{k: v for k, v in found[i].items() if k != "gold"} for i in range(len(questions))]
         return results[0] if single else results
+
+
+def _windows(saved: dict | None, what: str, max_seq_length: int | None, stride: int | None,
+             max_answer_length: int | None) -> dict[str, int]:
+    """The windows a :class:`QuestionAnswerer` reads with: those given, else the model's ``saved`` ones (a stride
+    from a given ``max_seq_length`` when only that is given), else ``run_qa.py``'s, with a warning naming ``what``
+    records none."""
+    if saved is None and max_seq_length is None:
+        logger.warning("QuestionAnswerer: %s records no windows (the max_seq_length, doc_stride and max_answer_length "
+                       "it was scored with, in its config.json's %r entry); reading with %d / %d / %d, whose answers "
+                       "may differ from its evaluation's: pass max_seq_length=... (and doc_stride=...), or export the "
+                       "student again (run_distill.py export --student DIR) to record them", what, WINDOWS_KEY,
+                       DEFAULT_MAX_SEQ_LENGTH, doc_stride(DEFAULT_MAX_SEQ_LENGTH), MAX_ANSWER_LENGTH)
+    if max_seq_length is not None:  # the model's answer length is kept; the stride follows the length given
+        windows = {**reader_windows(max_seq_length), **{k: v for k, v in (saved or {}).items()
+                                                         if k == "max_answer_length"}}
+    elif saved is not None:
+        windows = {**reader_windows(int(saved["max_seq_length"])), **saved}
+    else:
+        windows = reader_windows(DEFAULT_MAX_SEQ_LENGTH)
+    for name, value in (("doc_stride", stride), ("max_answer_length", max_answer_length)):
+        if value is not None:
+            windows[name] = value
+    return {name: int(windows[name]) for name in ("max_seq_length", "doc_stride", "max_answer_length")}
+
+
+def saved_windows(folder: Path) -> dict | None:
+    """The windows a QA model folder records (:func:`reader_windows`): its ``config.json``'s :data:`WINDOWS_KEY`
+    entry, else an ONNX folder's ``export.json`` one, else those of the ``task.max_seq_length`` of the pipeline run
+    whose student (or its ``onnx/``) the folder is; None when none does."""
+    for name in ("config.json", "export.json"):
+        try:
+            entry = json.loads((folder / name).read_text(encoding="utf-8")).get(WINDOWS_KEY)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(entry, dict) and "max_seq_length" in entry:
+            return entry
+    length = _trained_length(folder)
+    return reader_windows(length) if length is not None else None
 
 
 def _trained_length(folder: Path) -> int | None:
