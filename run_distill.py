@@ -139,11 +139,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
                                 "with int8 and ONNX Runtime variants")
-    _common(bench, "the config.json of the pipeline output folder that --teacher names or is in, else "
-            "sst2_minilm.yaml (the config the students were made with sets the task, its data and dev subset)")
-    bench.add_argument("--teacher", required=True, help="teacher checkpoint folder, or a pipeline output folder")
-    bench.add_argument("--student", action="append", required=True, help="student checkpoint folder or pipeline "
-                       "output folder (repeat for several)")
+    _common(bench, "the config.json of the pipeline output folder that --teacher (else the first --student) names "
+            "or is a stage folder of (RUN, RUN/teacher, RUN/student), else sst2_minilm.yaml (the config the models "
+            "were made with sets the task, its data and dev subset)")
+    bench.add_argument("--teacher", required=True, help="teacher checkpoint folder (e.g. RUN/teacher), or a pipeline "
+                       "output folder")
+    bench.add_argument("--student", action="append", required=True, help="student checkpoint folder (e.g. "
+                       "RUN/student) or pipeline output folder (repeat for several)")
     bench.add_argument("--no-compress", action="store_true", help="skip the int8 / ONNX rows")
 
     export = commands.add_parser("export", help="write a student's ONNX Runtime files (fp32, int8) checked on the "
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         config_file, overrides["output_dir"] = _export_config(args, config_file)
         overrides["export.int8"] = args.int8
     if args.command == "benchmark":
-        config_file = _run_config(args.teacher, args.config, config_file, "the teacher")
+        config_file = _benchmark_config(args, config_file)
     recipe = _task_recipe(getattr(args, "task", None))
     task_job = args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task")
     if args.config is None and task_job and recipe is not None:
@@ -317,6 +319,18 @@ def _export_config(args: argparse.Namespace, config_file: str) -> tuple[str, str
     run = pipeline_folder_of(Path(args.student))
     return _run_config(args.student, args.config, config_file, "the student"), str(
         run if run is not None else Path(args.student))
+
+
+def _benchmark_config(args: argparse.Namespace, config_file: str) -> str:
+    """``benchmark``'s config file: without --config, that of the pipeline run the teacher is from (the run folder
+    or one of its stage folders), else of the first student's run, else ``config_file``."""
+    from distill.export import pipeline_folder_of
+
+    if args.config is None:
+        for model, role in ((args.teacher, "the teacher"), *((student, "the student") for student in args.student)):
+            if pipeline_folder_of(Path(model)) is not None:
+                return _run_config(model, None, config_file, role)
+    return config_file
 
 
 def _run_config(model: str, given: str | None, config_file: str, role: str) -> str:
@@ -482,11 +496,15 @@ def run_benchmark_command(config, args) -> int:
     from distill.benchmark import run_benchmark, unique_name
     from distill.data import load_task_data, task_spec
 
+    from distill.tasks import check_model_head
+
     teacher, _ = _model_folder(args.teacher, "teacher")
     students = {}
     for given in args.student:
         students[unique_name(Path(given).name, {"teacher", *students})] = _model_folder(given, "student")
     spec = task_spec(config.task)
+    for role, folder in (("--teacher", teacher), *(("--student", folder) for folder, _ in students.values())):
+        check_model_head(folder, spec, role)  # one line, before the dev set is read and any model loaded
     dev = load_task_data(config.task, spec)["dev"]
     out = Path(args.output_dir) if args.output_dir else Path(config.output_dir) / "benchmark"
     report = run_benchmark(teacher, students, spec, dev, config.benchmark, out, config.task.max_seq_length)
@@ -499,8 +517,11 @@ def run_export_command(config, args) -> int:
     from distill.data import load_task_data, task_spec
     from distill.export import ONNX_FOLDER, export_student
 
+    from distill.tasks import check_model_head
+
     folder, _ = _model_folder(args.student, "student")
     spec = task_spec(config.task)
+    check_model_head(folder, spec, "--student")  # one line, before the dev set is read
     record = export_student(folder, spec, load_task_data(config.task, spec)["dev"], config.task.max_seq_length,
                             int8=config.export.int8)
     from distill.card import record_export

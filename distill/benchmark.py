@@ -56,7 +56,7 @@ from distill.export import (
     reusable_export,
 )
 from distill.report import count_parameters, latency_summary, size_mb
-from distill.tasks import load_head_model
+from distill.tasks import check_model_head, load_head_model
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +276,9 @@ def run_benchmark(
 
     Returns:
         The contents of ``benchmark.json``.
+
+    Raises:
+        ModelError: a model whose head does not fit the task (:func:`distill.tasks.check_model_head`).
     """
     device = torch.device(device) if device is not None else run_device()
     with torch_threads(config.num_threads):  # the count put back after, for whatever runs next in this process
@@ -286,11 +289,14 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
                    config: BenchmarkConfig, output_dir: Path, max_seq_length: int, device: torch.device) -> dict:
     from transformers import AutoTokenizer
 
+    models = {"teacher": (teacher, "fine-tuned"), **students}
+    for name, (folder, _) in models.items():  # before any work: a model of another task is refused
+        check_model_head(folder, spec, name)
     output_dir.mkdir(parents=True, exist_ok=True)
     work = output_dir / "models"
     max_length = max([max_seq_length, *config.seq_lengths])
     rows: list[Row] = []
-    for name, (folder, init) in {"teacher": (teacher, "fine-tuned"), **students}.items():
+    for name, (folder, init) in models.items():
         logger.info("benchmark: preparing %s (%s)", name, folder)
         rows.extend(model_rows(name, folder, init, config, work, max_length, device))
     tokenizer = AutoTokenizer.from_pretrained(teacher)

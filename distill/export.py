@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -34,7 +35,7 @@ from distill.capture import head_logits
 from distill.checkpoint import write_json_atomic
 from distill.data import TaskSpec, tokenize
 from distill.evaluate import compute_metrics, predict
-from distill.tasks import record_serving
+from distill.tasks import check_model_head, record_serving
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,9 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
 
     Raises:
         RuntimeError: the fp32 graph's logits differ from PyTorch's by more than 1e-3 on a probe batch.
+        ModelError: the student's head does not fit the task (:func:`distill.tasks.check_model_head`).
     """
+    check_model_head(folder, spec, "student")
     checked_on = dev_set_hash(spec, dev, max_seq_length)
     record = reusable_export(folder, checked_on)
     if record is not None and (not int8 or FILES["onnx-int8"] in record["files"]):
@@ -284,20 +287,30 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     return record
 
 
-def pipeline_folder_of(student: Path) -> Path | None:
-    """The pipeline output folder that ``student`` names, or whose ``student/`` it is: the folder whose
-    ``config.json`` is the run's config (not a model's), else None. A sweep's student (``<run>/students/<name>/`` or
-    its ``student/``) gives the sweep's folder, whose config names it among its ``sweep`` entries."""
-    for folder in (student, student.parent):
-        if (folder / "student").is_dir() and (folder / "student").resolve() in (student.resolve(),
-                                                                                (student / "student").resolve()):
-            config = _run_config(folder)
-            if config is not None:
-                return folder
-            if folder.parent.name == "students":
-                sweep = _run_config(folder.parent.parent)
-                if sweep is not None and folder.name in {e.get("name") for e in sweep.get("sweep") or []}:
-                    return folder.parent.parent
+# The folders of a pipeline run (or of a sweep's student) that hold a model: a model folder named by one of these inside
+# a run folder was made with that run's config.
+MODEL_STAGES = ("teacher", "student", "student_intermediate", "pruned")
+
+
+def pipeline_folder_of(model: Path) -> Path | None:
+    """The pipeline output folder whose config a model folder was made with: ``model`` itself when it is one (its
+    ``config.json`` is the run's config, not a model's), the run whose stage folder it is (``teacher/``,
+    ``student/``, ``student_intermediate/``, ``pruned/``), or for a sweep's student (``<run>/students/<name>/`` or a
+    stage folder in it) the sweep's folder, whose config names it among its ``sweep`` entries; else None.
+
+    Returns:
+        The run folder, absolute (``.`` and ``..`` resolved as the working folder gives them, links kept).
+    """
+    model = Path(os.path.abspath(model))
+    if _run_config(model) is not None:
+        return model
+    if model.name in MODEL_STAGES and _run_config(model.parent) is not None:
+        return model.parent
+    entry = model.parent if model.name in MODEL_STAGES else model  # <sweep>/students/<name>
+    if entry.parent.name == "students":
+        sweep = _run_config(entry.parent.parent)
+        if sweep is not None and entry.name in {e.get("name") for e in sweep.get("sweep") or []}:
+            return entry.parent.parent
     return None
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,6 +315,43 @@ def test_a_benchmark_row_name_that_is_taken_gets_a_number():
     assert unique_name("student", {"teacher"}) == "student"
     assert unique_name("student", {"teacher", "student", "student_2"}) == "student_3"
     assert unique_name("teacher", {"teacher"}) == "teacher_2"
+
+
+def test_the_benchmark_command_reads_the_runs_config_from_its_stage_folders(finished, tmp_path, capsys):
+    """The folders a user names, RUN/teacher and RUN/student, lead to the run's config.json as the run folder does:
+    the rows are scored on the run's 6 dev examples, not on the default job's 872."""
+    config, out = finished
+    sets = ["benchmark.batch_sizes=[1]", "benchmark.seq_lengths=[8]", "benchmark.num_warmup=1",
+            "benchmark.min_repeats=1", "benchmark.max_repeats=1", "benchmark.memory=false"]
+    args = ["benchmark", "--teacher", str(out / "teacher"), "--student", str(out / "student"), "--no-compress",
+            "--output-dir", str(tmp_path / "bench")] + [a for s in sets for a in ("--set", s)]
+    assert run_distill.main(args) == 0
+    assert f"config: {out / 'config.json'}, the config the teacher was made with" in capsys.readouterr().err
+    rows = {row["name"]: row for row in json.loads((tmp_path / "bench" / "benchmark.json").read_text())["rows"]}
+    for stage in ("teacher", "student"):
+        dev = json.loads((out / stage / "stage.json").read_text())["dev"]["accuracy"]
+        assert rows[stage]["accuracy"] == pytest.approx(dev), stage
+    # A teacher from elsewhere: the student's run still gives the config.
+    shutil.copytree(out / "teacher", tmp_path / "teacher_copy")
+    args[2] = str(tmp_path / "teacher_copy")
+    assert run_distill.main(args) == 0
+    assert f"config: {out / 'config.json'}, the config the student was made with" in capsys.readouterr().err
+
+
+def test_the_run_folder_of_each_stage_folder_is_found(tmp_path, monkeypatch):
+    from distill.export import pipeline_folder_of
+
+    run = tmp_path / "run"
+    for stage in ("teacher", "student", "student_intermediate", "mlm"):
+        (run / stage).mkdir(parents=True)
+        (run / stage / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (run / "config.json").write_text(json.dumps({"task": {"name": "wnut_17"}, "teacher": {}, "student": {}}))
+    for given in (run, run / "teacher", run / "student", run / "student_intermediate"):
+        assert pipeline_folder_of(given) == run, given
+    assert pipeline_folder_of(run / "mlm") is None  # not a model of the task
+    assert pipeline_folder_of(tmp_path) is None
+    monkeypatch.chdir(run / "student")
+    assert pipeline_folder_of(Path(".")) == run
 
 
 def test_a_sweep_students_folder_leads_to_the_sweeps_config(tmp_path):

@@ -268,10 +268,11 @@ def test_wnut17_reads_the_hub_layout(monkeypatch):
     assert hub["dev"].column_names == ["tokens", "label"] and hub["dev"][0]["label"] == [7, 8]
 
 
-def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, tiny_tokenizer):
+def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, tiny_tokenizer, capsys):
     """The whole job on a tiny NER teacher and CoNLL files: every stage, a student with the teacher's head whose
     saved checkpoint runs in pipeline("token-classification"), a card with the right pipeline tag, ONNX files that
-    agree with PyTorch per token."""
+    agree with PyTorch per token; benchmark and export of its stage folders read the run's task, and refuse another
+    task's with one line."""
     from transformers import pipeline as hf_pipeline
 
     from distill.pipeline import run_pipeline
@@ -316,6 +317,30 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
     export = json.loads((student / "onnx" / "export.json").read_text())
     assert export["files"]["model.onnx"]["same_prediction"] == 1.0
     assert export["files"]["model.onnx"]["max_abs_logit_difference"] < 1e-3
+
+    import run_distill
+
+    sets = [a for s in ("benchmark.batch_sizes=[1]", "benchmark.seq_lengths=[8]", "benchmark.num_warmup=1",
+                        "benchmark.min_repeats=1", "benchmark.max_repeats=1", "benchmark.memory=false")
+            for a in ("--set", s)]
+    bench = ["benchmark", "--teacher", str(out / "teacher"), "--student", str(student), "--no-compress", *sets]
+    capsys.readouterr()
+    assert run_distill.main([*bench, "--output-dir", str(tmp_path / "bench")]) == 0
+    assert f"config: {out / 'config.json'}, the config the teacher was made with" in capsys.readouterr().err
+    setup = json.loads((tmp_path / "bench" / "benchmark.json").read_text())["setup"]
+    assert (setup["task"], setup["metric"]) == ("ner", "f1")
+    refused = {"benchmark": ([*bench, "--config", "sst2_minilm.yaml", "--output-dir", str(tmp_path / "other")],
+                             f"--teacher {out / 'teacher'}"),
+               "export": (["export", "--student", str(student), "--config", "sst2_minilm.yaml"], f"--student {student}")}
+    for command, role in refused.values():
+        assert run_distill.main(command) == 2
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert "Traceback" not in err and len(errors) == 1, err
+        assert errors[0].startswith(
+            f"error: {role} is a token classifier (BertForTokenClassification, 5 labels ['O', 'B-person', 'I-person', "
+            "'B-location', 'I-location']) and task sst2 needs a sequence classifier of 2 (negative, positive): it was "
+            "made for another task; give the config of the run that made it"), errors[0]
 
 
 def TaskSpecFor():

@@ -462,6 +462,38 @@ def record_serving(model, spec: "TaskSpec", max_seq_length: int, keep: bool = Fa
     return {name: getattr(model.config, name) for name in entries}
 
 
+def check_model_head(folder, spec: "TaskSpec", role: str) -> None:
+    """A saved model fits the task it is about to be scored or exported on: its head is the task type's, with the
+    task's number of labels and, where it names them, the task's labels in order (a model loaded on the wrong task
+    would otherwise get a new random head, or be scored against labels it never had).
+
+    Args:
+        folder: the checkpoint folder. spec: the task. role: how the command line names it ("--teacher", ...).
+
+    Raises:
+        ModelError: one line naming the model, what it is, what the task needs and how to give the right task.
+    """
+    from transformers import AutoConfig
+
+    from teachers.models import ModelError
+
+    config = AutoConfig.from_pretrained(folder)
+    architectures = config.architectures or []
+    kind = next((t for t in TASK_TYPES.values() if any(a.endswith(t.architecture) for a in architectures)), None)
+    names = [str(config.id2label[i]) for i in sorted(config.id2label)] if config.id2label else []
+    generic = all(name.lower().startswith("label_") for name in names)
+    if kind is spec.type and config.num_labels == spec.num_labels and (
+            generic or spec.is_regression or [n.lower() for n in names] == [n.lower() for n in spec.label_names]):
+        return
+    what = f"a {kind.description}" if kind else "a model without a task head"
+    labels = "" if generic else f" {names}"
+    needs = ", ".join(spec.label_names) or "one score"
+    raise ModelError(f"{role} {folder} is {what} ({', '.join(architectures) or 'no architecture'}, {config.num_labels} "
+                     f"labels{labels}) and task {spec.name} needs a {spec.type.description} of {spec.num_labels} "
+                     f"({needs}): it was made for another task; give the config of the run that made it (--config "
+                     "RUN/config.json) or its task (--task NAME --data-dir DIR)")
+
+
 def load_head_model(folder, **kwargs):
     """A saved checkpoint with the head it was saved with (sequence or token classifier, ...), read from its config's
     ``architectures`` against each task type's :attr:`TaskType.architecture`; a checkpoint naming none of them loads
