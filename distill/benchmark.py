@@ -16,8 +16,9 @@ teacher's row of the same variant, and peak memory is not measured for them.
 
 Latency is the wall time of one forward pass (eval mode, no gradients) on random token ids of a fixed batch size and
 length. All rows are timed in one process, interleaved (each repeat runs every row once), after warm-up; runs repeat
-until the spread ``(p90 - median) / median`` of every row is at most ``max_spread`` or ``max_repeats`` is reached,
-and the spread is reported. Peak memory is the resident memory of a fresh process that loads the row's model and
+until the spread ``(p90 - median) / median`` of every row is at most ``max_spread`` (after ``min_repeats``),
+``max_repeats`` is reached, or the setting's share of ``time_budget_s`` is spent (after :data:`MIN_TIMED_RUNS`), so a
+benchmark of many rows or slow models takes about its budget; each row's spread and repeats are reported. Peak memory is the resident memory of a fresh process that loads the row's model and
 runs one inference at the largest batch and length, above that process's memory before loading (Linux).
 
 Outputs: ``benchmark.json`` (everything), ``benchmark.csv`` (one line per row), ``benchmark.md`` (table) and
@@ -124,18 +125,25 @@ def _random_inputs(vocab_size: int, batch_size: int, length: int, names: list[st
     return inputs
 
 
+MIN_TIMED_RUNS = 3  # the fewest timed runs a setting gets under the time budget: a median and a p90 to read
+
+
 @torch.no_grad()
 def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: list[str]) -> dict[str, dict]:
-    """Latency of every row at every (batch size, length), interleaved, repeated until the spread is small; a row on
-    an accelerator gets its inputs there and is timed to the end of its run.
+    """Latency of every row at every (batch size, length), interleaved, repeated until the spread is small, the cap
+    is reached or the setting's share of ``config.time_budget_s`` (warm-up included) is spent; a row on an accelerator
+    gets its inputs there and is timed to the end of its run.
 
     Returns:
         {row name: {"b{B}_t{T}": {"median_ms", "p90_ms", "spread", "repeats"}}}.
     """
     results: dict[str, dict] = {row.name: {} for row in rows}
+    settings = len(config.batch_sizes) * len(config.seq_lengths)
+    share = None if config.time_budget_s is None else config.time_budget_s / settings  # seconds per setting
     for batch_size in config.batch_sizes:
         for length in config.seq_lengths:
             key = f"b{batch_size}_t{length}"
+            started = time.perf_counter()
             cpu_inputs = _random_inputs(vocab_size, batch_size, length, names, seed=batch_size * 1000 + length)
             inputs = {row.name: {k: v.to(row.device) for k, v in cpu_inputs.items()} for row in rows}
             for _ in range(config.num_warmup):
@@ -151,10 +159,14 @@ def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: 
                     times[row.name].append(1000 * (time.perf_counter() - start))
                 if repeat + 1 >= config.min_repeats and all(_spread(t) <= config.max_spread for t in times.values()):
                     break
+                if share is not None and repeat + 1 >= MIN_TIMED_RUNS and time.perf_counter() - started >= share:
+                    break
             for name, values in times.items():
                 results[name][key] = {"median_ms": statistics.median(values), "p90_ms": _p90(values),
                                       "spread": _spread(values), "repeats": len(values)}
-            logger.info("timed batch %d, length %d: %d repeats", batch_size, length, len(values))
+            logger.info("timed batch %d, length %d: %d repeats in %.0f s, spread up to %.0f%%", batch_size, length,
+                        len(values), time.perf_counter() - started,
+                        100 * max(results[name][key]["spread"] for name in times))
     return results
 
 
@@ -307,7 +319,9 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
         logger.info("%s: %s", row.name, row.results["dev"])
     reference = rows[0].model
     names = input_names(reference)
+    started = time.perf_counter()
     timing = time_rows(rows, config, reference.config.vocab_size, names)
+    timing_seconds = time.perf_counter() - started
     largest = f"b{max(config.batch_sizes)}_t{max(config.seq_lengths)}"
     sources = {row.model_name: row.artefact for row in rows if row.variant == "pytorch"}
     for row in rows:
@@ -318,6 +332,7 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
                                     names, seed=0)
             row.results["memory"] = peak_memory(row, sources[row.model_name], inputs, config.num_threads)
     report = _report(rows, spec, config, largest, device)
+    report["setup"]["timing_seconds"] = timing_seconds
     write_benchmark(report, output_dir)
     return report
 
@@ -353,7 +368,8 @@ def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: s
     repeats = sorted({v["repeats"] for row in rows for v in row.results["latency"].values()})
     setup = {"task": spec.name, "metric": metric, "batch_sizes": config.batch_sizes, "seq_lengths": config.seq_lengths,
              "throughput_at": largest, "num_threads": torch.get_num_threads(), "repeats": repeats,
-             "max_spread": config.max_spread, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+             "max_spread": config.max_spread, "time_budget_s": config.time_budget_s, "torch": torch.__version__,
+             "cpu_count": os.cpu_count(),
              "accelerator": str(device) if is_accelerator(device) else None}
     return {"rows": entries, "setup": setup}
 
@@ -371,11 +387,13 @@ def write_benchmark(report: dict, output_dir: Path) -> None:
     with (output_dir / "benchmark.csv").open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*CSV_COLUMNS, *[f"latency_{k}_ms" for k in latency_keys],
-                         *[f"latency_{k}_p90_ms" for k in latency_keys]])
+                         *[f"latency_{k}_p90_ms" for k in latency_keys],
+                         *[f"latency_{k}_spread" for k in latency_keys]])
         for row in rows:
             flat = {**row, **row["ratios"], "metric": row[setup["metric"]]}
             writer.writerow([flat[c] for c in CSV_COLUMNS] + [row["latency_ms"][k] for k in latency_keys]
-                            + [row["latency_p90_ms"][k] for k in latency_keys])
+                            + [row["latency_p90_ms"][k] for k in latency_keys]
+                            + [row["latency_spread"][k] for k in latency_keys])
     (output_dir / "benchmark.md").write_text(markdown(report), encoding="utf-8")
     plot(report, output_dir / "benchmark.png")
 
@@ -386,7 +404,7 @@ def markdown(report: dict) -> str:
     metric = setup["metric"]
     keys = list(rows[0]["latency_ms"])
     header = ["model", "init", metric, "params (M)", "params w/o emb. (M)", "size (MB)",
-              *[f"ms {k.replace('_', ' ')}" for k in keys], "samples/s", "peak mem (MB)", "smaller by",
+              *[f"ms {k.replace('_', ' ')}" for k in keys], "spread", "samples/s", "peak mem (MB)", "smaller by",
               "faster by", f"{metric} retained"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -395,18 +413,30 @@ def markdown(report: dict) -> str:
         lines.append("| " + " | ".join([
             row["name"], row["init"], f"{row[metric]:.4f}", f"{row['num_parameters'] / 1e6:.1f}",
             f"{row['num_parameters_without_embeddings'] / 1e6:.1f}", f"{row['size_mb']:.1f}",
-            *[f"{row['latency_ms'][k]:.1f}" for k in keys], f"{row['samples_per_s']:.0f}",
+            *[f"{row['latency_ms'][k]:.1f}" for k in keys], _spread_cell(row, setup["max_spread"]),
+            f"{row['samples_per_s']:.0f}",
             "-" if memory is None else f"{memory:.0f}",
             f"{row['ratios']['smaller_on_disk_by' if row['variant'] != 'pytorch' else 'smaller_by']:.2f}x",
             f"{row['ratios']['faster_by']:.2f}x", "-" if retained is None else f"{100 * retained:.1f}%",
         ]) + " |")
+    budget = setup.get("time_budget_s")
+    spent = f" in {setup['timing_seconds']:.0f} s" if setup.get("timing_seconds") is not None else ""
     note = (f"\n`ms bB tT`: median latency at batch B, length T; {setup['num_threads']} threads, torch "
-            f"{setup['torch']}; rows timed interleaved in one process, {setup['repeats']} repeats (until (p90 - "
-            f"median) / median <= {setup['max_spread']:.0%} or the cap). samples/s and 'faster by' at "
+            f"{setup['torch']}; rows timed interleaved in one process, {setup['repeats']} repeats{spent} (until (p90 - "
+            f"median) / median <= {setup['max_spread']:.0%}, the cap"
+            + (f" or the time budget of {budget:g} s" if budget else "") + "). `spread`: the row's largest (p90 - "
+            f"median) / median over the settings, marked (!) above {setup['max_spread']:.0%}: that row's latency is "
+            "noisy (a busy machine, or too few repeats). samples/s and 'faster by' at "
             f"{setup['throughput_at'].replace('_', ' ')}. 'smaller by': parameters for PyTorch rows, on-disk size for "
             "compressed rows. Peak memory: resident memory of a fresh process that loads the model and runs one "
             "inference at the largest batch and length.\n")
     return "\n".join(lines) + "\n" + note
+
+
+def _spread_cell(row: dict, limit: float) -> str:
+    """The row's largest latency spread over the settings, in percent, marked when above ``limit``."""
+    spread = max(row["latency_spread"].values())
+    return f"{spread:.0%}" + (" (!)" if spread > limit else "")
 
 
 def plot(report: dict, path: Path) -> None:

@@ -386,6 +386,10 @@ class BenchmarkConfig:
     min_repeats: int = 10  # timed runs per model and setting, interleaved across models
     max_repeats: int = 40  # more runs while the spread is above max_spread
     max_spread: float = 0.10  # (p90 - median) / median at which repeating stops
+    # seconds of timing in all (warm-up included), shared equally by the (batch, length) settings: a setting stops
+    # repeating when its share is spent (after 3 runs at least, even under min_repeats); the spread is reported.
+    # None: min_repeats to max_repeats whatever they take
+    time_budget_s: float | None = 60.0
     num_threads: int | None = None  # torch / ONNX Runtime threads (None: all cores)
     compress: list[str] = field(default_factory=lambda: ["int8", "onnx", "onnx-int8"])  # extra rows per model
     students: list[str] = field(default_factory=list)  # more students for a sweep's benchmark (folders or runs)
@@ -396,6 +400,8 @@ class BenchmarkConfig:
         _check(all(t > 1 for t in self.seq_lengths), "seq_lengths", "must all be > 1")
         _check(0 < self.min_repeats <= self.max_repeats, "min_repeats", "must be > 0 and <= max_repeats")
         _check(self.max_spread > 0, "max_spread", f"must be > 0, got {self.max_spread}")
+        _check(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s",
+               f"must be > 0 or null, got {self.time_budget_s}")
         unknown = [c for c in self.compress if c not in ("int8", "onnx", "onnx-int8")]
         _check(not unknown, "compress", f"unknown variant(s) {unknown}; use int8, onnx, onnx-int8")
 

@@ -159,3 +159,43 @@ def test_pareto_front_keeps_the_points_nothing_beats():
     # (latency, metric): b is beaten by a (slower and worse), d by c.
     points = [(10.0, 0.9), (20.0, 0.85), (30.0, 0.95), (40.0, 0.94), (5.0, 0.7)]
     assert pareto_front(points) == [4, 0, 2]
+
+
+def test_repeats_are_scaled_to_the_time_budget_and_the_spread_is_reported():
+    """Two rows of 10 ms each, a spread that never gets small: without a budget the cap (40) is reached; with 0.6 s
+    for the one setting, about 0.6 / 0.02 rounds, warm-up included, fewer than min_repeats; at least 3 whatever the
+    budget. The table gives each row's largest spread, marked above max_spread."""
+    import time
+    from pathlib import Path
+
+    from distill.benchmark import MIN_TIMED_RUNS, Row, markdown, time_rows
+
+    def sleeper(**inputs):
+        time.sleep(0.01)
+
+    rows = [Row(name, name, "pytorch", sleeper, Path(name), 1.0, {}) for name in ("teacher", "student")]
+    timed = {}
+    for budget in (None, 0.6, 1e-6):
+        config = BenchmarkConfig(batch_sizes=[1], seq_lengths=[8], num_warmup=2, min_repeats=30, max_repeats=40,
+                                 max_spread=1e-9, time_budget_s=budget)
+        start = time.perf_counter()
+        result = time_rows(rows, config, vocab_size=30, names=["input_ids", "attention_mask"])
+        timed[budget] = (time.perf_counter() - start, result["teacher"]["b1_t8"]["repeats"])
+        assert result["student"]["b1_t8"]["repeats"] == timed[budget][1]
+    assert timed[None][1] == 40 and timed[None][0] >= 40 * 0.02
+    seconds, repeats = timed[0.6]
+    assert 0.6 <= seconds < 0.6 + 3 * 0.02 + 0.2 and MIN_TIMED_RUNS < repeats < 30
+    assert timed[1e-6][1] == MIN_TIMED_RUNS
+    with pytest.raises(ValueError, match="time_budget_s: must be > 0 or null"):
+        BenchmarkConfig(time_budget_s=0)
+    report = {"setup": {"metric": "accuracy", "num_threads": 1, "torch": "x", "repeats": [3, 12], "max_spread": 0.1,
+                        "time_budget_s": 60.0, "timing_seconds": 58.2, "throughput_at": "b1_t8"},
+              "rows": [{"name": name, "init": "", "accuracy": 0.5, "num_parameters": 1e6,
+                        "num_parameters_without_embeddings": 1e6, "size_mb": 1.0, "latency_ms": {"b1_t8": 10.0},
+                        "latency_spread": {"b1_t8": spread}, "samples_per_s": 100.0, "peak_memory_mb": None,
+                        "variant": "pytorch", "ratios": {"smaller_by": 1.0, "faster_by": 1.0, "metric_retained": 1.0}}
+                       for name, spread in (("teacher", 0.04), ("student", 0.25))]}
+    table = markdown(report)
+    assert "| teacher |  | 0.5000 | 1.0 | 1.0 | 1.0 | 10.0 | 4% |" in table
+    assert "| student |  | 0.5000 | 1.0 | 1.0 | 1.0 | 10.0 | 25% (!) |" in table
+    assert "[3, 12] repeats in 58 s (until (p90 - median) / median <= 10%, the cap or the time budget of 60 s)" in table

@@ -331,7 +331,8 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
     assert (setup["task"], setup["metric"]) == ("ner", "f1")
     refused = {"benchmark": ([*bench, "--config", "sst2_minilm.yaml", "--output-dir", str(tmp_path / "other")],
                              f"--teacher {out / 'teacher'}"),
-               "export": (["export", "--student", str(student), "--config", "sst2_minilm.yaml"], f"--student {student}")}
+               "export": (["export", "--student", str(student), "--config", "sst2_minilm.yaml"],
+                          f"--student {student}")}
     for command, role in refused.values():
         assert run_distill.main(command) == 2
         err = capsys.readouterr().err
