@@ -167,8 +167,8 @@ def _budget(train: TrainConfig) -> str:
 def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResult]:
     """The ``model-index`` results: the hub dataset and split only when the dev set is the hub's (the hub, or the
     bundled copy of GLUE's dev file), with the slice a ``task.max_eval_examples`` subset took; any other dev set by
-    the task's name and its own description. Each metric is filed under its own dev set (MNLI's ``*_mismatched``
-    metrics under ``validation_mismatched``)."""
+    the task's name and its size (not by the folder it was read from). Each metric is filed under its own dev set
+    (MNLI's ``*_mismatched`` metrics under ``validation_mismatched``)."""
     hub_splits = {"dev": spec.hub_dev_split, **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}
     on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
     results = []
@@ -183,10 +183,9 @@ def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResu
                      "dataset_split": hub_splits[split] + (f"[:{used}]" if subset else ""),
                      "dataset_name": f"{spec.name} ({label}"
                                      + (f", first {used} of {available} examples)" if subset else ")")}
-        else:
-            where = (f": {data['location']}, {data['num_examples'][split]} examples"
-                     if data and split in data["num_examples"] else "")
-            names = {"dataset_type": spec.name, "dataset_split": split, "dataset_name": f"{spec.name} ({label}{where})"}
+        else:  # the data set by its task's name and size: a local folder's path means nothing on the hub
+            size = f", {data['num_examples'][split]} examples" if data and split in data["num_examples"] else ""
+            names = {"dataset_type": spec.name, "dataset_split": split, "dataset_name": f"{spec.name} ({label}{size})"}
         results.append(EvalResult(task_type=spec.type.card_task(spec), metric_type=name,
                                   metric_value=round(float(value), 4), **names))
     return results

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import types
 import typing
@@ -657,6 +658,53 @@ def _apply_overrides(data: dict, overrides: dict[str, Any]) -> None:
 def to_dict(config: Any) -> dict:
     """Plain-data form of a config dataclass (for JSON/YAML and fingerprints)."""
     return dataclasses.asdict(config)
+
+
+# Config fields that name local files or folders (a list field: each item; "sweep[].student.model": each entry's). A
+# run's saved config.json gives them absolute (:func:`with_absolute_paths`), so that export, benchmark and a re-run
+# read the same files from any folder. Of those that also take a name (a hub model, "minilm", "bundled"), only a value
+# that names an existing path is changed; the output folders are always made absolute.
+PATH_FIELDS = ("task.data_dir", "task.train_file", "task.dev_file", "teacher.model", "teacher.base_model", "mlm.model",
+               "mlm.base_model", "mlm.corpus", "augment.word_vectors", "augment.stopwords", "augment.unlabelled",
+               "student.model", "general.teacher", "general.corpus", "general.student.model",
+               "benchmark.students", "sweep[].student.model")
+OUTPUT_FIELDS = ("output_dir", "general.cache_dir")
+# Names the loaders resolve before any path (installed assets, the bundled corpus, the installed GloVe vectors).
+RESERVED_NAMES = ("minilm", "mpnet", "bundled", "glove-6b-50d")
+
+
+def with_absolute_paths(config: "PipelineConfig") -> "PipelineConfig":
+    """``config`` with every :data:`PATH_FIELDS` value that names an existing file or folder, and every
+    :data:`OUTPUT_FIELDS` folder, made absolute (``os.path.abspath``: against the working folder, links kept); other
+    values (hub names, :data:`RESERVED_NAMES`) as they are. Stage run ids are unchanged: a local input counts by its
+    bytes (:mod:`distill.fingerprints`)."""
+
+    def absolute(value: Any, always: bool = False) -> Any:
+        if isinstance(value, list):
+            return [absolute(item, always) for item in value]
+        if isinstance(value, str) and value and (always or (value not in RESERVED_NAMES and Path(value).exists())):
+            return os.path.abspath(value)
+        return value
+
+    data = to_dict(config)
+    for dotted in (*PATH_FIELDS, *OUTPUT_FIELDS):
+        head, _, rest = dotted.partition("[].")
+        nodes = [data]
+        if rest:  # a list of sections: each entry's field
+            nodes, dotted = list(_get(data, head) or []), rest
+        for node in nodes:
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get(leaf) is not None:
+                node[leaf] = absolute(node[leaf], always=dotted in OUTPUT_FIELDS)
+    return from_dict(PipelineConfig, data)
+
+
+def _get(data: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
 
 
 # Settings added after run ids were in use, with the value that means the behaviour from before them: at that value

@@ -48,7 +48,15 @@ from distill.checkpoint import (
     stage_status,
     write_json_atomic,
 )
-from distill.config import ConfigError, PipelineConfig, TrainConfig, fingerprint, to_dict, with_overrides
+from distill.config import (
+    ConfigError,
+    PipelineConfig,
+    TrainConfig,
+    fingerprint,
+    to_dict,
+    with_absolute_paths,
+    with_overrides,
+)
 from distill.corpus import sample_lines
 from distill.data import DataError, DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
@@ -694,7 +702,7 @@ def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     # Written once the config and the data are known to be good: a run refused before here leaves a finished
     # folder's record of its config as it was.
     if is_main_process():
-        write_json_atomic(out / "config.json", to_dict(config))
+        write_json_atomic(out / "config.json", to_dict(with_absolute_paths(config)))  # read from any folder
     teacher_record = teacher_stage(config, spec, data, out, device=device)
     train_data, data_run_id = augment_stage(config, spec, data, out, device=device)
     return out, spec, data, source, teacher_record, train_data, data_run_id

@@ -195,8 +195,8 @@ def test_each_mnli_metric_is_filed_under_its_own_dev_set():
     assert results["accuracy_mismatched"].dataset_split == "validation_mismatched"
     assert results["accuracy_mismatched"].dataset_name == "mnli (dev, mismatched)"
     local = _eval_results(get_task("mnli"), {"accuracy_mismatched": 0.81}, {**data, "kind": "local"})
-    assert (local[0].dataset_split, local[0].dataset_name) == ("dev_mismatched", "mnli (dev, mismatched: glue/mnli, "
-                                                                                 "9832 examples)")
+    assert (local[0].dataset_split, local[0].dataset_name) == ("dev_mismatched", "mnli (dev, mismatched, 9832 "
+                                                                                 "examples)")
 
 
 def test_a_teacher_or_student_at_chance_gets_no_retained_share_on_the_card():

@@ -258,3 +258,65 @@ def test_a_test_whose_shared_data_is_missing_fails_instead_of_skipping(tmp_path,
     with pytest.raises(pytest.fail.Exception, match=r"the shared data .*elsewhere/shared/data/ner/wnut17 is missing: "
                                                     r"link the shared data folder beside the checkout"):
         suite.shared_data("ner/wnut17")
+
+
+# --- a run's saved config names its files absolutely, so its tools work from any folder ---
+
+def test_the_saved_config_makes_local_paths_absolute_and_keeps_names_and_run_ids(tmp_path, monkeypatch):
+    from distill.config import to_dict, with_absolute_paths
+    from distill.stages import STAGES
+
+    from tests.glue_fixtures import write_glue_folder
+
+    write_glue_folder(tmp_path / "data", "sst2")
+    (tmp_path / "corpus.txt").write_text("a line\n")
+    (tmp_path / "teacher_model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, {"output_dir": "runs/x", "task.data_dir": "data/sst2", "teacher.model": "teacher_model",
+                                "mlm.corpus": ["bundled", "corpus.txt"], "general.cache_dir": "cache",
+                                "augment.stopwords": "missing.txt",
+                                "sweep": [{"name": "a", "student": {"model": "teacher_model"}}, {"name": "b"}]})
+    absolute = with_absolute_paths(config)
+    assert absolute.output_dir == str(tmp_path / "runs" / "x") and absolute.general.cache_dir == str(tmp_path / "cache")
+    assert absolute.task.data_dir == str(tmp_path / "data" / "sst2")
+    assert absolute.teacher.model == absolute.sweep[0].student.model == str(tmp_path / "teacher_model")
+    assert absolute.mlm.corpus == ["bundled", str(tmp_path / "corpus.txt")]
+    # Names stay names (an installed asset, the bundled corpus, the installed vectors, a hub id), and a path that
+    # does not exist is left for the loader to report as written.
+    assert (absolute.teacher.base_model, absolute.augment.word_vectors) == ("minilm", "glove-6b-50d")
+    assert absolute.augment.stopwords == "missing.txt" and absolute.sweep[1].student.model is None
+    assert STAGES["teacher"].run_id(absolute, {}) == STAGES["teacher"].run_id(config, {})
+    assert STAGES["augmented"].run_id(absolute, {"mlm": "m"}) == STAGES["augmented"].run_id(config, {"mlm": "m"})
+    assert to_dict(with_absolute_paths(absolute)) == to_dict(absolute)
+
+
+@pytest.mark.slow
+def test_a_run_started_with_relative_paths_is_exported_from_another_folder(tmp_path, monkeypatch, capsys):
+    """The run saves its data folder and teacher absolute in config.json, so `export --student /abs/run/student`
+    from elsewhere checks the files on the run's dev set; the card names the data set, not its folder."""
+    from transformers import BertTokenizer
+
+    from conftest import SPECIAL, WORDS, tiny_bert, tiny_job
+    from tests.glue_fixtures import write_glue_folder
+
+    work = tmp_path / "work"
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}, do_lower_case=True)
+    write_glue_folder(work / "data", "sst2")
+    path = tiny_job(work, tiny_bert(id2label={0: "negative", 1: "positive"}), tokenizer,
+                    task={"name": "sst2", "data_dir": "data/sst2"}, export={"onnx": False})
+    monkeypatch.chdir(work)
+    assert run_distill.main(["pipeline", "--config", path, "--output-dir", "run", "--set",
+                             "teacher.model=teacher_model"]) == 0
+    saved = json.loads((work / "run" / "config.json").read_text())
+    assert saved["task"]["data_dir"] == str(work / "data" / "sst2") and saved["output_dir"] == str(work / "run")
+    assert (saved["teacher"]["model"], saved["teacher"]["base_model"]) == (str(work / "teacher_model"), "minilm")
+    from huggingface_hub import ModelCard
+
+    (result,) = ModelCard.load(work / "run" / "student" / "README.md").data.eval_results
+    assert result.dataset_name == "sst2 (dev, 6 examples)"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert run_distill.main(["export", "--student", str(work / "run" / "student"), "--no-int8"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((work / "run" / "student" / "onnx" / "export.json").read_text())["num_dev_examples"] == 6
