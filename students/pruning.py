@@ -32,6 +32,7 @@ teacher's, layers ≤ the teacher's (:func:`check_reachable`).
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -144,29 +145,44 @@ class Importance:
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+CRITERIA = ("activation", "taylor")
 
 
-@torch.no_grad()
-def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: torch.device | str = "cpu"
-                       ) -> Importance:
-    """Activation importance of ``model``'s units (Minitron, Muralidharan et al., 2024, §2.2) on ``batches``.
+def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: torch.device | str = "cpu",
+                       criterion: str = "activation") -> Importance:
+    """Importance of ``model``'s units on ``batches``.
+
+    ``criterion`` "activation": the magnitude of each unit's activations (Minitron, Muralidharan et al., 2024, §2.2).
+    "taylor": the first-order Taylor estimate of the change in the model's own loss on the gold labels when the unit
+    is removed, |a · ∂L/∂a| per activation (Molchanov et al., 2019, "Importance Estimation for Neural Network
+    Pruning", Eq. 4 on activations), summed over real tokens like the magnitudes; a query/key dimension scores the
+    sum of its query's and its key's. Layer change (for depth) is the same under both.
 
     Args:
-        model: a fine-tuned encoder with a head (or a bare encoder), any family :func:`layer_modules` knows.
-        batches: padded model inputs, ``input_ids`` and ``attention_mask`` (B, T), ``token_type_ids`` optional.
-        device: where the forward passes run.
+        model: a fine-tuned encoder with a head (or a bare encoder), any family :func:`layer_modules` knows; its
+            ``requires_grad`` flags are restored after a Taylor pass.
+        batches: padded model inputs, ``input_ids`` and ``attention_mask`` (B, T), ``token_type_ids`` optional; for
+            "taylor" also the labels the model's own loss reads (``labels``, or QA's ``start_positions`` and
+            ``end_positions``).
+        device: where the forward (and backward) passes run.
+        criterion: "activation" or "taylor".
 
     Returns:
         The :class:`Importance` of every layer's units (all layers: the plan picks the kept ones).
 
     Raises:
-        PruningError: a family pruning does not support; ValueError: no batch, or no real token.
+        PruningError: a family pruning does not support; ValueError: an unknown criterion, a Taylor batch without
+            labels, or no real token.
     """
+    if criterion not in CRITERIA:
+        raise ValueError(f"importance criterion must be {' or '.join(CRITERIA)}, got {criterion!r}")
+    taylor = criterion == "taylor"
     model = model.to(device).eval()
     num_layers = model.config.num_hidden_layers
     heads = model.config.num_attention_heads
     layers = [layer_modules(model, i) for i in range(num_layers)]
     outputs_modules = head_outputs(model)
+    accepts = set(inspect.signature(model.forward).parameters)
     sums: dict[str, torch.Tensor] = {}
     state = {"mask": None, "lengths": None}
 
@@ -175,12 +191,12 @@ def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: 
         sums[name] = sums[name] + value if name in sums else value
 
     def token_sum(tensor: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (D,) summed over real tokens
-        return (tensor.float().abs() * state["mask"]).sum(dim=(0, 1))
+        return (tensor * state["mask"]).sum(dim=(0, 1))
 
-    def per_example_mean(tensor: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, D) mean |.| over real tokens
-        return (tensor.float().abs() * state["mask"]).sum(dim=1) / state["lengths"]
+    def per_example_mean(tensor: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, D) mean over real tokens
+        return (tensor * state["mask"]).sum(dim=1) / state["lengths"]
 
-    kept: dict[tuple[int, str], torch.Tensor] = {}
+    kept: dict[tuple, torch.Tensor] = {}
     handles = []
     for index, modules in enumerate(layers):
         for role in ("query", "key"):
@@ -189,18 +205,16 @@ def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: 
         handles.append(modules["output"].register_forward_pre_hook(
             lambda module, args, index=index: kept.__setitem__((index, "context"), args[0])))
         handles.append(modules["ffn_out"].register_forward_pre_hook(
-            lambda module, args, index=index: add(f"ffn.{index}", token_sum(args[0]))))
-    output_counts: dict[str, str] = {}
-
-    def keep_output(name: str, output: torch.Tensor) -> None:  # (B, H) per example, or (B, T, H) per token
-        output_counts[name] = "tokens" if output.dim() == 3 else "rows"
-        add(f"outputs.{name}", token_sum(output) if output.dim() == 3 else output.float().abs().sum(dim=0))
-
+            lambda module, args, index=index: kept.__setitem__((index, "ffn"), args[0])))
     for name, module in outputs_modules.items():
         handles.append(module.register_forward_hook(
-            lambda module, args, output, name=name: keep_output(name, output)))
+            lambda module, args, output, name=name: kept.__setitem__(("outputs", name), output)))
+    output_counts: dict[str, str] = {}
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
     num_examples = num_tokens = 0
     try:
+        if taylor:
+            model.requires_grad_(True)  # so that the activations are on a graph; only their gradients are taken
         for batch in batches:
             inputs = {k: batch[k].to(device) for k in MODEL_INPUTS if k in batch}
             if "token_type_ids" in inputs and getattr(model.config, "type_vocab_size", 0) <= 1:
@@ -209,31 +223,56 @@ def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: 
             state["mask"] = mask[..., None].float()
             state["lengths"] = mask.sum(dim=1, keepdim=True).float().clamp(min=1)
             kept.clear()
-            result = model(**inputs, output_hidden_states=True)
-            hidden = result.hidden_states
-            for layer, states in enumerate(hidden):
-                add(f"residual.{layer}", token_sum(states))
-            for index in range(num_layers):
-                cosine = nn.functional.cosine_similarity(hidden[index].float(), hidden[index + 1].float(), dim=-1)
-                add(f"layer_change.{index}", ((1 - cosine) * mask).sum())
-                query, key = per_example_mean(kept[(index, "query")]), per_example_mean(kept[(index, "key")])
-                add(f"query_key.{index}", (query * key).sum(dim=0))
-                context = kept[(index, "context")]
-                add(f"context.{index}", token_sum(context))
-                per_head = context.float().reshape(*context.shape[:2], heads, -1).norm(dim=-1)  # (B, T, A)
-                add(f"heads.{index}", (per_head * state["mask"]).sum(dim=(0, 1)))
+            with torch.set_grad_enabled(taylor):
+                labels = {k: v.to(device) for k, v in batch.items() if k in accepts and k not in MODEL_INPUTS}
+                if taylor and not labels:
+                    raise ValueError("importance criterion 'taylor' needs the batches' labels (the model's own loss)")
+                result = model(**inputs, **(labels if taylor else {}), output_hidden_states=True)
+                hidden = result.hidden_states
+                tensors = {("residual", l): h for l, h in enumerate(hidden)} | kept
+                if taylor:
+                    grads = dict(zip(tensors, torch.autograd.grad(result.loss, list(tensors.values()),
+                                                                  allow_unused=True)))
+            with torch.no_grad():
+                score = {key: (value.float() * grads[key].float()).abs() if taylor and grads[key] is not None
+                         else value.float().abs() for key, value in tensors.items()}
+                for layer in range(num_layers + 1):
+                    add(f"residual.{layer}", token_sum(score[("residual", layer)]))
+                for index in range(num_layers):
+                    cosine = nn.functional.cosine_similarity(hidden[index].float(), hidden[index + 1].float(), dim=-1)
+                    add(f"layer_change.{index}", ((1 - cosine) * mask).sum())
+                    query, key = score[(index, "query")], score[(index, "key")]
+                    add(f"query_key.{index}", token_sum(query + key) if taylor else
+                        (per_example_mean(query) * per_example_mean(key)).sum(dim=0))
+                    context = score[(index, "context")]
+                    add(f"context.{index}", token_sum(context))
+                    per_head = (context.reshape(*context.shape[:2], heads, -1).sum(dim=-1) if taylor else
+                                kept[(index, "context")].float().reshape(*context.shape[:2], heads, -1).norm(dim=-1))
+                    add(f"heads.{index}", token_sum(per_head))  # (B, T, A) -> (A,)
+                    add(f"ffn.{index}", token_sum(score[(index, "ffn")]))
+                for name in outputs_modules:
+                    if ("outputs", name) not in score:
+                        continue
+                    output = score[("outputs", name)]  # (B, H) per example, or (B, T, H) per token
+                    output_counts[name] = "tokens" if output.dim() == 3 else "rows"
+                    add(f"outputs.{name}", token_sum(output) if output.dim() == 3 else output.sum(dim=0))
             num_examples += mask.shape[0]
             num_tokens += int(mask.sum())
     finally:
         for handle in handles:
             handle.remove()
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(flags[name])
     if num_tokens == 0:
         raise ValueError("importance: the calibration sample has no real token (no batch, or empty examples)")
     tokens = float(num_tokens)
-    output_norms = [layers[i]["output"].weight.detach().float().norm(dim=0).cpu() for i in range(num_layers)]
+    # Activation: a value dimension's magnitude times its output-projection column's norm; Taylor scores already
+    # hold what the loss makes of it.
+    output_norms = [torch.ones(1) if taylor else layers[i]["output"].weight.detach().float().norm(dim=0).cpu()
+                    for i in range(num_layers)]
     return Importance(
         residual=torch.stack([sums[f"residual.{l}"] for l in range(num_layers + 1)]) / tokens,
-        query_key=torch.stack([sums[f"query_key.{i}"] for i in range(num_layers)]) / num_examples,
+        query_key=torch.stack([sums[f"query_key.{i}"] for i in range(num_layers)]) / (tokens if taylor else num_examples),
         value=torch.stack([sums[f"context.{i}"] / tokens * output_norms[i] for i in range(num_layers)]),
         heads=torch.stack([sums[f"heads.{i}"] for i in range(num_layers)]) / tokens,
         ffn=torch.stack([sums[f"ffn.{i}"] for i in range(num_layers)]) / tokens,

@@ -219,3 +219,22 @@ def test_preflight_refuses_pruning_with_a_general_stage_or_an_unreachable_shape(
         preflight(load_config(config))
     with pytest.raises(ConfigError, match="set general.enabled: false"):
         preflight(load_config(config, {"general.enabled": True, "student.hidden_size": 16}))
+
+
+def test_taylor_scores_follow_the_loss_where_magnitudes_do_not():
+    """A neuron whose output weights are zero changes nothing downstream: its Taylor score is 0 although it fires,
+    and a neuron whose output weights are scaled up ranks first by Taylor, not by activation (its activations are
+    unchanged). Without labels the Taylor pass is refused."""
+    teacher = _teacher().requires_grad_(False)  # frozen, as the pipeline loads a teacher
+    with torch.no_grad():
+        modules = layer_modules(teacher, 0)
+        modules["ffn_out"].weight[:, 3] = 0
+        modules["ffn_out"].weight[:, 7] *= 50
+    batches = [dict(batch, labels=torch.tensor([0, 1, 2, 1])) for batch in _batches()]
+    taylor = compute_importance(teacher, batches, criterion="taylor")
+    activation = compute_importance(teacher, batches)
+    assert float(taylor.ffn[0, 3]) == 0 and float(activation.ffn[0, 3]) > 0
+    assert int(taylor.ffn[0].argmax()) == 7 and int(activation.ffn[0].argmax()) != 7
+    assert not any(p.requires_grad for p in teacher.parameters())  # left frozen
+    with pytest.raises(ValueError, match="needs the batches' labels"):
+        compute_importance(teacher, _batches(), criterion="taylor")
