@@ -83,8 +83,10 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
         start = (f"the fine-tuned teacher pruned to the student's shape: its layers {pruned['layer_map']} ("
                  + ("the layers that change their input most" if pruned.get("layers") == "importance"
                     else f"distill.layer_map {config.distill.layer_map}")
-                 + f"), in each the residual channels, head dimensions and FFN neurons of highest activation on "
-                 f"{pruned.get('num_examples')} training examples (Minitron); dev {before} before distillation")
+                 + "), in each the residual channels, head dimensions and FFN neurons of highest "
+                 + ("first-order Taylor importance on the teacher's loss" if pruned.get("importance") == "taylor"
+                    else "activation (Minitron)")
+                 + f" on {pruned.get('num_examples')} training examples; dev {before} before distillation")
     lines = [f"teacher: {made}; dev {dev}",
              _augmentation(augment, num_rows, num_augmented)
              + (f", {num_unlabelled} of them sentences of {', '.join(Path(u).name for u in augment.unlabelled)} with no "

@@ -238,9 +238,14 @@ class PruningConfig:
     # the teacher layers kept: "layer_map" (distill.layer_map's) or "importance" (the layers that change their input
     # most; the layer map of the distillation then follows them)
     layers: str = "layer_map"
+    # what ranks the units: "activation" (magnitudes, Minitron) or "taylor" (|a * dL/da| on the teacher's own loss on
+    # the gold labels, Molchanov et al., 2019)
+    importance: str = "activation"
 
     def __post_init__(self) -> None:
         _check(self.num_examples > 0, "num_examples", f"must be > 0, got {self.num_examples}")
+        _check(self.importance in ("activation", "taylor"), "importance",
+               f"must be activation or taylor, got {self.importance!r}")
         _check(self.layers in ("layer_map", "importance"), "layers",
                f"must be layer_map or importance, got {self.layers!r}")
 
@@ -713,7 +718,7 @@ def _get(data: dict, dotted: str) -> Any:
 # old-behaviour value (max_train_examples_cpu: task's and teacher's, None for both).
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
-                  "pruning": {"num_examples": 1024, "layers": "layer_map"}}
+                  "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}}
 
 
 def _added_default(key: Any, value: Any) -> bool:

@@ -482,7 +482,7 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
               "device": str(device)}
     if general.get("layer_map"):  # a pruned student: the teacher layers it kept, and how it scored before distilling
         pruned = json.loads((Path(general["folder"]) / "stage.json").read_text(encoding="utf-8"))
-        record["pruned"] = {key: pruned.get(key) for key in ("layer_map", "layers", "num_examples", "dev")}
+        record["pruned"] = {key: pruned.get(key) for key in ("layer_map", "layers", "importance", "num_examples", "dev")}
     if not terms:  # logit-only distillation: the student goes straight to the prediction step
         logger.info("intermediate step skipped: every intermediate loss weight is 0 (logit-only distillation)")
         mark_stage_started(folder)

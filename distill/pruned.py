@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DataCollatorWithPadding
 
 from distill.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started
-from distill.data import TaskSpec, tokenize
+from distill.data import TaskSpec, collator, tokenize
 from distill.evaluate import evaluate_task
 from distill.layer_map import build_layer_map
 from distill.processes import on_main
@@ -39,16 +39,18 @@ CALIBRATION_SEED = 0
 
 
 def calibration_batches(train_data, tokenizer, spec: TaskSpec, max_seq_length: int, num_examples: int,
-                        batch_size: int = 32) -> list[dict]:
+                        batch_size: int = 32, labels: bool = False) -> list[dict]:
     """The calibration sample: ``num_examples`` training examples drawn with a fixed seed (all when there are fewer),
-    tokenized as the task does, in batches of similar length (sorted), padded; model inputs only."""
+    tokenized as the task does, in batches of similar length (sorted), padded by the task's collator; model inputs
+    only, or with ``labels`` what the model's own loss reads too (the Taylor criterion)."""
     count = min(num_examples, len(train_data))
     rows = np.sort(np.random.default_rng(CALIBRATION_SEED).choice(len(train_data), size=count, replace=False))
     encoded = tokenize(train_data.select(rows.tolist()), tokenizer, spec, max_seq_length)
-    encoded = encoded.select_columns([c for c in ("input_ids", "attention_mask", "token_type_ids")
-                                      if c in encoded.column_names])
+    if not labels:
+        encoded = encoded.select_columns([c for c in ("input_ids", "attention_mask", "token_type_ids")
+                                          if c in encoded.column_names])
     order = np.argsort([len(ids) for ids in encoded["input_ids"]], kind="stable")
-    pad = DataCollatorWithPadding(tokenizer, return_tensors="pt")
+    pad = collator(tokenizer, spec) if labels else DataCollatorWithPadding(tokenizer, return_tensors="pt")
     return [pad([encoded[int(i)] for i in order[start:start + batch_size]])
             for start in range(0, len(order), batch_size)]
 
@@ -88,8 +90,10 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
     if path.is_file():  # computed by an earlier, interrupted run of this stage
         importance = Importance.from_tensors(load_file(path))
     else:
-        batches = calibration_batches(data["train"], tokenizer, spec, config.task.max_seq_length, pruning.num_examples)
-        importance = compute_importance(teacher, batches, device=device)
+        taylor = pruning.importance == "taylor"
+        batches = calibration_batches(data["train"], tokenizer, spec, config.task.max_seq_length, pruning.num_examples,
+                                      labels=taylor)
+        importance = compute_importance(teacher, batches, device=device, criterion=pruning.importance)
         folder.mkdir(parents=True, exist_ok=True)
         save_file(importance.to_tensors(), str(path))
     teacher = teacher.cpu()
@@ -107,6 +111,7 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
     logger.info("pruned student (before distillation): layers %s, %s, dev %s", plan.layers, shape, metrics)
     mark_stage_done(folder, run_id, {"layer_map": plan.layers, "shape": shape, "dev": metrics,
                                      "num_examples": importance.num_examples, "layers": pruning.layers,
+                                     "importance": pruning.importance,
                                      "device": str(device)})
 
 

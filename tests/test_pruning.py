@@ -185,8 +185,11 @@ def test_the_pipeline_prunes_the_teacher_then_distils_and_ships_a_pipeline_model
     stamp = (out / "pruned" / "stage.json").stat().st_mtime_ns
     assert run_distill.main(["pipeline", "--config", config]) == 0
     assert (out / "pruned" / "stage.json").stat().st_mtime_ns == stamp
-    plan = run_distill.main(["pipeline", "--config", config, "--dry-run", "--set", "student.intermediate_size=24"])
-    assert plan == 0
+    assert run_distill.main(["pipeline", "--config", config, "--set", "student.pruning.importance=taylor"]) == 0
+    record = json.loads((out / "pruned" / "stage.json").read_text())
+    assert record["importance"] == "taylor" and record["run_id"] != json.loads(
+        (out / "superseded").glob("pruned-*").__next__().joinpath("stage.json").read_text())["run_id"]
+    assert "Taylor importance" in (out / "student" / "README.md").read_text()
 
 
 def test_the_first_hidden_loss_of_a_pruned_student_is_that_of_its_selected_channels():
