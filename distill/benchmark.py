@@ -56,6 +56,7 @@ from distill.export import (
     quantize_torch,
     reusable_export,
 )
+from distill.memory import memory_worker
 from distill.report import count_parameters, latency_summary, size_mb
 from distill.tasks import check_model_head, load_head_model
 
@@ -180,39 +181,6 @@ def _spread(values: list[float]) -> float:
     return (_p90(values) - median) / median
 
 
-def _memory_worker(variant: str, artefact: str, source: str, inputs: dict, threads: int | None, queue) -> None:
-    """In a fresh process: load one row's model, run one inference, report resident memory above the start (MB)."""
-    import ctypes
-
-    import psutil
-
-    if threads:
-        torch.set_num_threads(threads)
-    process = psutil.Process()
-    gc.collect()
-    start = process.memory_info().rss
-    if variant == "pytorch":
-        model = load_head_model(artefact).eval()
-    elif variant == "int8":
-        model = quantize_torch(load_head_model(source).eval())
-        model.load_state_dict(torch.load(artefact, weights_only=False))
-    else:
-        model = OnnxClassifier(artefact, threads)
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed load-time buffers back, so they do not count
-    except OSError:
-        pass
-    loaded = process.memory_info().rss
-    with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current resident size
-        f.write("5")
-    with torch.no_grad():
-        model(**inputs)
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    peak = int(status["VmHWM"].strip().split()[0]) * 1024
-    queue.put({"model_mb": (loaded - start) / 1e6, "peak_mb": (max(peak, loaded) - start) / 1e6})
-
-
 def peak_memory(row: Row, source: Path, inputs: dict, threads: int | None) -> dict | None:
     """Resident memory of inference for one row, measured in a fresh process: {"model_mb", "peak_mb"}, or None
     where it cannot be measured (not Linux)."""
@@ -220,7 +188,7 @@ def peak_memory(row: Row, source: Path, inputs: dict, threads: int | None) -> di
         return None
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_memory_worker, args=(row.variant, str(row.artefact), str(source), inputs,
+    process = context.Process(target=memory_worker, args=(row.variant, str(row.artefact), str(source), inputs,
                                                            threads, queue))
     process.start()
     try:

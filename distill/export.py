@@ -16,7 +16,6 @@ its own ``config.json`` too.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -25,7 +24,6 @@ import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -35,6 +33,7 @@ from distill.capture import head_logits
 from distill.checkpoint import write_json_atomic
 from distill.data import TaskSpec, tokenize
 from distill.evaluate import compute_metrics, predict
+from distill.runtime import OnnxClassifier, quantize_torch  # noqa: F401  (also imported from here)
 from distill.tasks import check_model_head, record_serving
 
 logger = logging.getLogger(__name__)
@@ -42,47 +41,6 @@ logger = logging.getLogger(__name__)
 ONNX_FOLDER = "onnx"
 EXPORT_FILE = "export.json"
 FILES = {"onnx": "model.onnx", "onnx-int8": "model_quantized.onnx"}
-
-
-class OnnxClassifier:
-    """An ONNX Runtime session with the calling convention of a `transformers` model with a head, so that evaluation
-    and timing treat it like any model: ``model(**inputs)`` has the graph's outputs as float tensors, ``logits``
-    ((B, C) or (B, T, C)) or ``start_logits`` and ``end_logits`` (B, T) of a QA head.
-
-    Args:
-        path: an ``.onnx`` file with inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids``) of shape
-            (B, T) int64, and the head's outputs (:func:`output_names`).
-        num_threads: ONNX Runtime intra-op threads (None: its default, all cores).
-    """
-
-    def __init__(self, path: str | Path, num_threads: int | None = None):
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        # ONNX Runtime's worker threads spin after a run by default; interleaved with PyTorch rows they steal the
-        # cores PyTorch runs on (measured here: a PyTorch forward of 18 ms took 43 ms right after an ONNX one).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if num_threads:
-            options.intra_op_num_threads = num_threads
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_names = [o.name for o in self.session.get_outputs()]
-
-    def __call__(self, **inputs: torch.Tensor) -> SimpleNamespace:
-        feed = {}
-        for name in self.input_names:
-            value = inputs.get(name)
-            if value is None:  # e.g. token_type_ids that the batch leaves out: BERT's default is all zeros
-                value = torch.zeros_like(inputs["input_ids"])
-            feed[name] = value.cpu().numpy().astype(np.int64)
-        outputs = self.session.run(self.output_names, feed)
-        return SimpleNamespace(**{name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)})
-
-    def eval(self) -> "OnnxClassifier":
-        return self
-
-    def to(self, device) -> "OnnxClassifier":
-        return self
 
 
 def input_names(model: torch.nn.Module) -> list[str]:
@@ -185,13 +143,6 @@ def quantize_onnx(source: Path, target: Path) -> None:
             quantize_dynamic(str(plain), str(target), weight_type=QuantType.QInt8)
     finally:
         root.setLevel(level)
-
-
-def quantize_torch(model: torch.nn.Module) -> torch.nn.Module:
-    """PyTorch dynamic int8 quantization of every ``nn.Linear`` (a copy; the model is unchanged)."""
-    from torch.ao.quantization import quantize_dynamic
-
-    return quantize_dynamic(copy.deepcopy(model).eval(), {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def weights_hash(folder: Path) -> str:
