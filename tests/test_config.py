@@ -35,7 +35,7 @@ def test_default_config_cuts_the_student_from_the_teacher_and_augments_by_the_pa
         ("distill:\n  intermediate:\n    learning_rate: abc\n", "distill.intermediate.learning_rate: expected float"),
         ("task:\n  max_seq_length: 12.5\n", "task.max_seq_length: expected int"),
         ("distill:\n  weights: {atention: 1}\n", "distill.weights.atention: unknown loss term"),
-        ("student:\n  init: pca\n", "student.init: must be random, teacher_embeddings or teacher"),
+        ("student:\n  init: pca\n", "student.init: must be random, teacher_embeddings, teacher or pruned"),
         ("- a\n- b\n", "must be a YAML mapping"),
         ("general:\n  weights: {prediction: 1}\n", "general.weights.prediction: unknown loss term"),
         ("general:\n  streaming: true\n  train: {num_epochs: 1, max_steps: null}\n",
