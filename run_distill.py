@@ -105,10 +105,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
                           "fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
                           "`distill --stage general` (overrides student.model)")
-    pipeline.add_argument("--dry-run", action="store_true", help="print the resolved config and what each stage "
-                          "would do (run, resume, reuse, replace, skip) with its run id, then stop; nothing is written")
+    pipeline.add_argument("--dry-run", action="store_true", help="print the resolved config, what each stage "
+                          "would do (run, resume, reuse, replace, skip) with its run id, and the task data read as the "
+                          "run reads it (bad data refused as the run would), then stop; nothing is written")
     pipeline.add_argument("--push-to-hub", metavar="REPO", help="upload the student folder with its model card to "
-                          "this hub repository (overrides export.push_to_hub; needs a token: huggingface-cli login)")
+                          "this hub repository (overrides export.push_to_hub; needs a token: hf auth login)")
 
     distill = commands.add_parser("distill", help="general distillation on a text corpus (--stage general), or task "
                                   "distillation (--stage task: the pipeline)")
@@ -406,7 +407,7 @@ def _command_line(prog: str) -> str:
 
 
 def run_pipeline_command(config, args) -> int:
-    from distill.pipeline import for_device, plan_markdown, plan_pipeline, run_pipeline
+    from distill.pipeline import data_preview, for_device, plan_markdown, plan_pipeline, run_pipeline
 
     if getattr(args, "dry_run", False):
         import yaml
@@ -415,9 +416,12 @@ def run_pipeline_command(config, args) -> int:
         from distill.device import run_device
 
         # The config as it would run here: budget rules that depend on the device resolved (task.max_train_examples_cpu)
-        print(yaml.safe_dump(to_dict(for_device(config, run_device())), sort_keys=False).rstrip())
+        resolved = for_device(config, run_device())
+        print(yaml.safe_dump(to_dict(resolved), sort_keys=False).rstrip())
         print()
         print(plan_markdown(plan_pipeline(config)))
+        print()
+        print(data_preview(resolved))  # read as the run reads it: what the run would refuse is refused here
         return 0
 
     start = time.perf_counter()

@@ -181,7 +181,10 @@ class AugmentConfig:
     """TinyBERT data augmentation (Jiao et al., 2020, Algorithm 1). Each field's help text is also the help of its
     ``augment`` command-line flag (``--num-copies`` for ``num_copies``...)."""
 
-    enabled: bool = option(True, "False: distil on the original training set", flag=False)
+    # "auto": on for the task types whose labels word replacement keeps (sequence and token classification), off for
+    # extractive QA (it would move the answers); resolved when the job's config is read, so runs see true or false
+    enabled: bool | str = option(True, "False: distil on the original training set; auto: where the task type "
+                                 "allows it", flag=False)
     num_copies: int = option(20, "N: augmented copies tried per example (paper: 20)")
     replace_prob: float = option(0.4, "p_t: probability a candidate word is replaced (paper: 0.4)")
     num_candidates: int = option(15, "K: candidates per word, masked-LM top-K or word-vector neighbours (paper: 15)")
@@ -214,6 +217,8 @@ class AugmentConfig:
                 "their targets (one-text classification and token classification)", "flag": False})
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.enabled, bool) or self.enabled == "auto", "enabled",
+               f"must be true, false or auto, got {self.enabled!r}")
         _check(self.num_copies >= 0, "num_copies", f"must be >= 0, got {self.num_copies}")
         _check(0 <= self.replace_prob <= 1, "replace_prob", f"must be in [0, 1], got {self.replace_prob}")
         _check(self.num_candidates > 0, "num_candidates", f"must be > 0, got {self.num_candidates}")
@@ -453,11 +458,25 @@ class PipelineConfig:
     sweep: list[SweepEntry] = field(default_factory=list)  # students of `run_distill.py sweep`
 
     def __post_init__(self) -> None:
+        if self.augment.enabled == "auto":  # resolved by the task type, so that stages and run ids see a bool
+            self.augment.enabled = augments(self.task)
         names = [entry.name for entry in self.sweep]
         twice = sorted({name for name in names if names.count(name) > 1})
         _check(not twice, "sweep", f"student name(s) {twice} given more than once; each names its own folder")
         _check("teacher" not in names, "sweep", "a student may not be named 'teacher' (the benchmark's teacher row)")
 
+
+
+def augments(task: TaskConfig) -> bool:
+    """Whether ``augment.enabled: auto`` augments this task: its task type (``task.task_type``, a named task's, else
+    sequence classification) keeps its labels under word replacement (:attr:`distill.tasks.TaskType.
+    supports_augmentation`; not extractive QA)."""
+    from distill.data import TASKS
+    from distill.tasks import get_task_type
+
+    named = TASKS.get(task.name) if task.train_file is None else None
+    return get_task_type(task.task_type or (named.task_type if named else "sequence_classification")
+                         ).supports_augmentation
 
 
 def _convert(value: Any, annotation: Any, path: str) -> Any:

@@ -58,7 +58,16 @@ from distill.config import (
     with_overrides,
 )
 from distill.corpus import sample_lines
-from distill.data import DataError, DataSource, TaskSpec, collator, load_task_data_with_source, task_spec, tokenize
+from distill.data import (
+    ASSETS,
+    DataError,
+    DataSource,
+    TaskSpec,
+    collator,
+    load_task_data_with_source,
+    task_spec,
+    tokenize,
+)
 from distill.device import is_accelerator, run_device
 from distill.evaluate import evaluate_task, predict
 from distill.export import export_student
@@ -941,6 +950,53 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
             return None
         layer_map = json.loads(pruned.read_text(encoding="utf-8"))["layer_map"]
     return teacher_outputs_run_id(config, teacher_id, data_id, terms, layer_map)
+
+
+def data_preview(config: PipelineConfig, num_rows: int = 3) -> str:
+    """The task data as the run will read it, for ``pipeline --dry-run``: read in full with the run's own readers
+    (file layout, every label, every answer's offset), so that what the run would refuse at reading the dry run
+    refuses too; then where it comes from, its columns and labels and its first training rows, as lines. Data from the
+    hub is not fetched (the run reads it when it starts).
+
+    Raises:
+        DataError: what reading the data raises (the file and its line named).
+    """
+    spec = task_spec(config.task)
+    task = config.task
+    if spec.hub is not None:
+        source = task.source if task.source != "auto" else (
+            "local" if task.data_dir else "bundled" if (ASSETS / spec.name).is_dir() else "hub")
+        if source == "hub":
+            return f"data: {'/'.join(spec.hub)} from the hub, read when the run starts (not fetched by a dry run)"
+    elif not all(Path(name).exists() for name in (task.train_file, task.dev_file)):
+        return f"data: {task.train_file}, {task.dev_file} (hub data sets), read when the run starts"
+    data, source = load_task_data_with_source(task, spec)
+    labels = ("a score (regression)" if spec.is_regression else "answers, spans of the context"
+              if spec.task_type == "question_answering" else ", ".join(spec.label_names))
+    lines = [f"data: {source.describe()}",
+             f"{spec.type.description} ({spec.task_type}): columns {', '.join(spec.text_columns)}; labels: {labels}"]
+    train = data["train"]
+    for index in range(min(num_rows, len(train))):
+        lines.append(f"  train {index}: {_preview_row(train[index], spec)}")
+    return "\n".join(lines)
+
+
+def _preview_row(row: dict, spec: TaskSpec, width: int = 60) -> str:
+    """One example in a line: each text cut to ``width`` characters, labels by their names."""
+    def shown(value):
+        if isinstance(value, str):
+            return repr(value if len(value) <= width else value[:width] + "...")
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(spec.label_names) \
+                and spec.task_type != "question_answering":
+            return spec.label_names[value]
+        if isinstance(value, list):
+            items = [shown(v) for v in value[:12]]
+            return "[" + ", ".join(items) + (", ..." if len(value) > 12 else "") + "]"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {shown(v)}" for k, v in value.items()) + "}"
+        return repr(value)
+
+    return "; ".join(f"{name} {shown(value)}" for name, value in row.items())
 
 
 def plan_markdown(rows: list[dict]) -> str:

@@ -208,3 +208,56 @@ sweep:
         record = json.loads((tmp_path / "students" / name / "student" / "stage.json").read_text())
         assert rows[name]["accuracy"] == pytest.approx(record["dev"]["accuracy"])  # benchmark re-measured it
     assert (tmp_path / "benchmark" / "benchmark.png").exists() and "Traceback" not in result.stderr
+
+
+def _readme_command(task: str) -> list[str]:
+    from tests.test_first_contact import readme_smoke_commands
+
+    return next(c for c in readme_smoke_commands() if c[0] == "pipeline" and task in c)
+
+
+def _output_to(command: list[str], folder: Path) -> list[str]:
+    """The README's command with its --output-dir moved from runs/ into a test folder."""
+    command = list(command)
+    command[command.index("--output-dir") + 1] = str(folder)
+    return command
+
+
+@pytest.fixture(scope="module")
+def ner_smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke_ner") / "run"
+    result = _run(*_output_to(_readme_command("wnut_17"), out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_the_readmes_ner_smoke_run_and_its_benchmark_run_as_written(ner_smoke_run, tmp_path):
+    """The README's token-classification smoke command (WNUT-17 from the shared data, augmentation on), then its
+    benchmark command on the run's stage folders: the run's task and dev set, every variant, in about a minute."""
+    from tests.test_first_contact import readme_smoke_commands
+
+    report = json.loads((ner_smoke_run / "report.json").read_text())
+    assert report["student"]["run"]["task"] == "wnut_17" and set(report["student"]) >= {"f1", "precision", "recall"}
+    assert json.loads((ner_smoke_run / "augmented" / "stage.json").read_text())["num_augmented"] > 0
+    (bench,) = [c for c in readme_smoke_commands() if c[0] == "benchmark"]
+    bench = [a.replace("runs/smoke_ner", str(ner_smoke_run)) for a in bench]
+    result = _run(*bench, "--output-dir", str(tmp_path / "bench"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = json.loads((tmp_path / "bench" / "benchmark.json").read_text())
+    assert (written["setup"]["task"], written["setup"]["metric"]) == ("wnut_17", "f1")
+    assert len(written["rows"]) == 8 and written["setup"]["time_budget_s"] == 20
+    assert written["setup"]["timing_seconds"] < 45  # its 20 s budget, and a few slow rounds past it at most
+
+
+def test_the_readmes_qa_smoke_run_runs_as_written(tmp_path):
+    """The README's question-answering smoke command (SQuAD from the shared data; the smoke config's augmentation is
+    off for QA): every stage, the reader's windows saved beside the student's weights."""
+    out = tmp_path / "run"
+    result = _run(*_output_to(_readme_command("squad"), out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["student"]["run"]["task"] == "squad" and set(report["student"]) >= {"f1", "exact_match"}
+    assert not (out / "augmented").exists() and "=== stage: augmentation" not in result.stderr
+    windows = json.loads((out / "student" / "config.json").read_text())["question_answering"]
+    assert windows == {"max_seq_length": 32, "doc_stride": 10, "max_answer_length": 30}
+    assert (out / "student" / "onnx" / "model.onnx").is_file()

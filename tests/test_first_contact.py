@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 import run_distill
 from distill.config import ConfigError, load_config, resolve_config, shipped_configs
@@ -105,6 +106,9 @@ def test_each_command_says_its_own_default_config(capsys):
     assert "default: the config.json of the pipeline output folder that --student names" in helps["export"]
     assert "default: none, the built-in defaults" in helps["augment"] and "default: none" in helps["adapt-mlm"]
     assert "--output-dir" not in helps["export"]  # the ONNX files go beside the checkpoint, student/onnx/
+    # The login the upload needs, with the command the installed huggingface_hub ships (hf; huggingface-cli is gone).
+    assert "needs a token: hf auth login" in helps["pipeline"] and "huggingface-cli" not in helps["pipeline"]
+    assert "the task data read as the run reads it (bad data refused as the run would)" in helps["pipeline"]
     with pytest.raises(SystemExit):
         run_distill.parse_args(["export", "--student", "x", "--output-dir", "y"])
     assert "unrecognized arguments: --output-dir" in capsys.readouterr().err
@@ -320,3 +324,44 @@ def test_a_run_started_with_relative_paths_is_exported_from_another_folder(tmp_p
     assert run_distill.main(["export", "--student", str(work / "run" / "student"), "--no-int8"]) == 0, \
         capsys.readouterr().err
     assert json.loads((work / "run" / "student" / "onnx" / "export.json").read_text())["num_dev_examples"] == 6
+
+
+# --- the README's smoke commands, one per task type, run as written ---
+
+def readme_smoke_commands() -> list[list[str]]:
+    """The argument lists of the README's smoke commands (the ```bash block after "To check an install"), without
+    the leading ``python run_distill.py``."""
+    import re
+    import shlex
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.findall(r"```bash\n(.*?)```", readme.split("To check an install", 1)[1], flags=re.S)[0]
+    commands = [shlex.split(line) for line in block.splitlines() if line.strip()]
+    assert all(command[:2] == ["python", "run_distill.py"] for command in commands), block
+    return [command[2:] for command in commands]
+
+
+def test_the_readme_has_a_smoke_command_for_each_task_type_and_each_passes_the_dry_run(monkeypatch, capsys):
+    """As written, from the repository root (the shared data beside it, as CI links it): the dry run reads the data
+    and runs every check the run makes before its first stage, and writes nothing. tests/test_end_to_end.py runs
+    them."""
+    from tests.conftest import shared_data
+
+    commands = readme_smoke_commands()
+    pipelines = [c for c in commands if c[0] == "pipeline"]
+    tasks = [c[c.index("--task") + 1] if "--task" in c else "sst2" for c in pipelines]
+    assert tasks == ["sst2", "wnut_17", "squad"]
+    assert [c[0] for c in commands] == ["pipeline"] * 3 + ["benchmark"]
+    for command in pipelines[1:]:
+        data = Path(command[command.index("--data-dir") + 1])
+        assert shared_data(str(data.relative_to("../shared/data"))).is_dir()
+    monkeypatch.chdir(ROOT)
+    for command, task in zip(pipelines, tasks):
+        output = ROOT / command[command.index("--output-dir") + 1]
+        existed = output.exists()
+        assert run_distill.main([*command, "--dry-run"]) == 0, task
+        out = capsys.readouterr().out
+        assert "data: " in out and "  train 0: " in out, task
+        augmented = yaml.safe_load(out.split("\n\nstage")[0])["augment"]["enabled"]
+        assert augmented is (task != "squad"), task
+        assert output.exists() == existed, task  # nothing written

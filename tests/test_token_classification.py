@@ -468,3 +468,24 @@ def test_replacing_entity_words_with_a_hard_label_term_is_warned_of(hard_label_w
     with caplog.at_level("WARNING", logger="distill.preflight"):
         preflight(config)
     assert ("augment.replace_entities with distill.hard_label_weight" in caplog.text) is warned
+
+
+def test_the_dry_run_refuses_a_conll_file_the_run_would_refuse(tmp_path, capsys):
+    import run_distill
+
+    folder = tmp_path / "wnut17"
+    folder.mkdir()
+    write_conll(folder / "dev.conll", [(["the", "actor"], ["O", "B-person"])])
+    (folder / "train.conll").write_text("the\tO\nactor\tB-person\n\nNew York B-location\n", encoding="utf-8")
+    args = ["pipeline", "--task", "wnut_17", "--data-dir", str(folder), "--output-dir", str(tmp_path / "run"),
+            "--dry-run"]
+    assert run_distill.main(args) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "train.conll, line 4: 'New York B-location' has 3 columns where the file's lines have 2" in line
+    write_conll(folder / "train.conll", [(["the", "actor"], ["O", "B-person"])])
+    assert run_distill.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"data: local data folder ({folder}): 1 train, 1 dev examples" in out
+    assert "  train 0: tokens ['the', 'actor']; label [O, B-person]" in out
+    assert not (tmp_path / "run").exists()
