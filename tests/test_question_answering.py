@@ -502,6 +502,30 @@ def test_the_reader_answers_as_the_evaluation_does_with_the_windows_saved_beside
                                                                    "max_answer_length": 30}
 
 
+def test_a_reader_named_by_its_hub_repository_reads_the_windows_from_the_pushed_config(tmp_path, tiny_tokenizer,
+                                                                                          monkeypatch, caplog):
+    """The card's own `QuestionAnswerer("PATH_OR_REPO")` for a pushed student: no local folder, the windows come with
+    the checkpoint's config.json from the hub (from_pretrained stood in for here)."""
+    import transformers
+
+    from distill.data import TaskSpec
+    from distill.tasks import record_serving
+
+    model = tiny_qa_teacher()
+    spec = TaskSpec("qa", ("question", "context"), "answers", ("start", "end"), ("f1", "exact_match"), hub=None,
+                    task_type="question_answering")
+    record_serving(model, spec, 24)
+    model.save_pretrained(tmp_path / "pushed")
+    tiny_tokenizer.save_pretrained(tmp_path / "pushed")
+    for auto in (transformers.AutoModelForQuestionAnswering, transformers.AutoTokenizer):
+        real = auto.from_pretrained
+        monkeypatch.setattr(auto, "from_pretrained", lambda name, *a, real=real, **k: real(
+            tmp_path / "pushed" if str(name) == "someone/reader" else name, *a, **k))
+    with caplog.at_level(logging.WARNING, logger="distill.tasks.question_answering"):
+        reader = QuestionAnswerer("someone/reader")
+    assert reader.windows == {"max_seq_length": 24, "doc_stride": 8, "max_answer_length": 30} and not caplog.text
+
+
 def test_a_reader_without_saved_windows_warns_and_reads_with_run_qas(tmp_path, tiny_tokenizer, caplog):
     model = tiny_qa_teacher()
     model.save_pretrained(tmp_path / "plain")

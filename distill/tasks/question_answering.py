@@ -447,12 +447,13 @@ class QuestionAnswerer:
         from distill.export import OnnxClassifier
 
         if isinstance(model, (str, Path)):
-            path = Path(model)
-            folder = path.parent if path.suffix == ".onnx" else path
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(folder)
-            saved, what = saved_windows(folder), str(path)
-            model = OnnxClassifier(path) if path.suffix == ".onnx" else \
-                AutoModelForQuestionAnswering.from_pretrained(path).eval()
+            path, what = Path(model), str(model)
+            onnx = path.suffix == ".onnx"
+            folder = path.parent if onnx else path
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(folder))
+            model = OnnxClassifier(path) if onnx else AutoModelForQuestionAnswering.from_pretrained(what).eval()
+            # A checkpoint's own config (a folder, or a hub repository the student was pushed to), else its files
+            saved = (None if onnx else getattr(model.config, WINDOWS_KEY, None)) or saved_windows(folder)
         else:
             saved = getattr(getattr(model, "config", None), WINDOWS_KEY, None)
             what = f"the {type(model).__name__} given"
