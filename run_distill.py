@@ -239,7 +239,7 @@ def _task_recipe(name: str | None) -> tuple[str, str] | None:
     :meth:`distill.tasks.TaskType.recipe`): (file name, what it is for), or None."""
     if name is None:
         return None
-    from distill.data import TASKS
+    from distill.tasks.data import TASKS
 
     spec = TASKS.get(name)
     return spec.type.recipe(spec) if spec is not None else None
@@ -315,7 +315,7 @@ def _flags_not_for(args: argparse.Namespace) -> str | None:
 def _export_config(args: argparse.Namespace, config_file: str) -> tuple[str, str]:
     """``export``'s config file and output folder (its run.log): without --config, the config.json of the pipeline
     output folder the student came from, so the files are checked on the dev set the student was scored on."""
-    from distill.export import pipeline_folder_of
+    from distill.publish.export import pipeline_folder_of
 
     run = pipeline_folder_of(Path(args.student))
     return _run_config(args.student, args.config, config_file, "the student"), str(
@@ -325,7 +325,7 @@ def _export_config(args: argparse.Namespace, config_file: str) -> tuple[str, str
 def _benchmark_config(args: argparse.Namespace, config_file: str) -> str:
     """``benchmark``'s config file: without --config, that of the pipeline run the teacher is from (the run folder
     or one of its stage folders), else of the first student's run, else ``config_file``."""
-    from distill.export import pipeline_folder_of
+    from distill.publish.export import pipeline_folder_of
 
     if args.config is None:
         for model, role in ((args.teacher, "the teacher"), *((student, "the student") for student in args.student)):
@@ -337,7 +337,7 @@ def _benchmark_config(args: argparse.Namespace, config_file: str) -> str:
 def _run_config(model: str, given: str | None, config_file: str, role: str) -> str:
     """Without --config, the config.json of the pipeline output folder that ``model`` names or is in (the task, data
     and dev subset it was made for), else ``config_file``."""
-    from distill.export import pipeline_folder_of
+    from distill.publish.export import pipeline_folder_of
 
     run = pipeline_folder_of(Path(model))
     if given is not None or run is None:
@@ -362,7 +362,7 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:
-        from distill.trainer import TrainingInterrupted
+        from distill.method.trainer import TrainingInterrupted
 
         if isinstance(error, TrainingInterrupted):
             print(f"interrupted: {error}", file=sys.stderr)
@@ -388,11 +388,11 @@ def _interrupt(signal_number, frame) -> None:
 def KnownErrors() -> tuple[type[Exception], ...]:
     """Errors that carry a message for the user (no traceback needed)."""
     from augment import VectorsError
-    from distill.capture import CaptureError
-    from distill.checkpoint import CheckpointError
+    from distill.method.capture import CaptureError
+    from distill.method.checkpoint import CheckpointError
     from distill.config import ConfigError
-    from distill.data import DataError
-    from distill.trainer import NonFiniteLossError
+    from distill.tasks.data import DataError
+    from distill.method.trainer import NonFiniteLossError
     from teachers import ModelError
 
     return ConfigError, DataError, ModelError, CheckpointError, VectorsError, CaptureError, NonFiniteLossError
@@ -407,7 +407,7 @@ def _command_line(prog: str) -> str:
 
 
 def run_pipeline_command(config, args) -> int:
-    from distill.pipeline import data_preview, for_device, plan_markdown, plan_pipeline, run_pipeline
+    from distill.job.pipeline import data_preview, for_device, plan_markdown, plan_pipeline, run_pipeline
 
     if getattr(args, "dry_run", False):
         import yaml
@@ -433,8 +433,8 @@ def run_pipeline_command(config, args) -> int:
 
 
 def run_seeds_command(config, args) -> int:
-    from distill.checkpoint import is_main_process
-    from distill.seeds import SeedsFailedError, run_seeds
+    from distill.method.checkpoint import is_main_process
+    from distill.job.seeds import SeedsFailedError, run_seeds
 
     start = time.perf_counter()
     out = Path(config.output_dir)
@@ -455,8 +455,8 @@ def run_seeds_command(config, args) -> int:
 def run_distill_command(config, args) -> int:
     if args.stage == "task":
         return run_pipeline_command(config, args)
-    from distill.checkpoint import output_lock
-    from distill.general import general_config, run_general_distillation
+    from distill.method.checkpoint import output_lock
+    from distill.job.general import general_config, run_general_distillation
 
     folder = Path(config.output_dir) / "general"
     with output_lock(Path(config.output_dir), "distill --stage general"):  # a second run there is refused
@@ -473,7 +473,7 @@ def run_distill_command(config, args) -> int:
 
 
 def run_sweep_command(config, args) -> int:
-    from distill.pipeline import run_sweep
+    from distill.job.pipeline import run_sweep
 
     start = time.perf_counter()
     report = run_sweep(config)
@@ -487,8 +487,8 @@ def run_sweep_command(config, args) -> int:
 
 def _model_folder(given: str, stage: str) -> tuple[Path, str]:
     """``resolve_model_folder`` for a path given on the command line: a missing folder is a DataError (exit 2)."""
-    from distill.benchmark import resolve_model_folder
-    from distill.data import DataError
+    from distill.publish.benchmark import resolve_model_folder
+    from distill.tasks.data import DataError
 
     try:
         return resolve_model_folder(Path(given), stage)
@@ -497,8 +497,8 @@ def _model_folder(given: str, stage: str) -> tuple[Path, str]:
 
 
 def run_benchmark_command(config, args) -> int:
-    from distill.benchmark import run_benchmark, unique_name
-    from distill.data import load_task_data, task_spec
+    from distill.publish.benchmark import run_benchmark, unique_name
+    from distill.tasks.data import load_task_data, task_spec
 
     from distill.tasks import check_model_head
 
@@ -518,8 +518,8 @@ def run_benchmark_command(config, args) -> int:
 
 
 def run_export_command(config, args) -> int:
-    from distill.data import load_task_data, task_spec
-    from distill.export import ONNX_FOLDER, export_student
+    from distill.tasks.data import load_task_data, task_spec
+    from distill.publish.export import ONNX_FOLDER, export_student
 
     from distill.tasks import check_model_head
 
@@ -528,7 +528,7 @@ def run_export_command(config, args) -> int:
     check_model_head(folder, spec, "--student")  # one line, before the dev set is read
     record = export_student(folder, spec, load_task_data(config.task, spec)["dev"], config.task.max_seq_length,
                             int8=config.export.int8)
-    from distill.card import record_export
+    from distill.publish.card import record_export
 
     record_export(folder, spec, record)
     for name, info in record["files"].items():
@@ -539,9 +539,9 @@ def run_export_command(config, args) -> int:
 
 
 def run_adapt_mlm_command(config, args) -> int:
-    from distill.checkpoint import stage_done
+    from distill.method.checkpoint import stage_done
     from distill.device import run_device
-    from distill.stages import STAGES
+    from distill.job.stages import STAGES
     from teachers import adapt_mlm
 
     folder = Path(config.output_dir)

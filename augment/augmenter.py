@@ -33,8 +33,8 @@ from typing import Callable, Collection
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.data import DataError
-from distill.objective import masked_lm_logits
+from distill.tasks.data import DataError
+from distill.method.objective import masked_lm_logits
 
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
 

@@ -29,9 +29,9 @@ from tqdm.auto import tqdm
 
 from augment.augmenter import CandidateGenerator, sample_copies, sample_word_copies, split_words
 from augment.tokens import check_words, is_word_list_feature, word_candidates, word_masks
-from distill.checkpoint import CheckpointError, write_json_atomic
+from distill.method.checkpoint import CheckpointError, write_json_atomic
 from distill.config import AugmentConfig, fingerprint, to_dict
-from distill.fingerprints import content_or_name
+from distill.job.fingerprints import content_or_name
 
 logger = logging.getLogger(__name__)
 

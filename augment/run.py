@@ -19,12 +19,12 @@ import datasets
 from augment.dataset import augment_dataset, augment_fingerprint, load_shards
 from augment.tokens import is_word_list_feature
 from augment.vectors import check_word_vectors
-from distill.checkpoint import mark_stage_done, stage_done
+from distill.method.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
-from distill.data import DataError, load_task_data, read_table, require_columns, task_spec
+from distill.tasks.data import DataError, load_task_data, read_table, require_columns, task_spec
 from distill.device import run_device
-from distill.fingerprints import content_or_name
-from distill.stages import with_contents
+from distill.job.fingerprints import content_or_name
+from distill.job.stages import with_contents
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def run_augment(
     Args:
         config: ``augment`` (N, p, K, seed, vectors, workers ...), ``mlm.model`` (the masked LM), ``task`` (used when
             ``source`` is None) and ``output_dir``.
-        source: see :func:`distill.data.read_table`; None augments the training set of ``config.task``.
+        source: see :func:`distill.tasks.data.read_table`; None augments the training set of ``config.task``.
         text_columns: one column, or two for pair tasks (each augmented independently); a column of strings, or of
             lists of words (token classification: augmented word for word, see :mod:`augment.tokens`).
         split: split of a saved ``DatasetDict`` or hub dataset.
@@ -93,7 +93,7 @@ def run_augment(
         CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
     """
     from augment import generator_factory
-    from distill.processes import several_processes
+    from distill.job.processes import several_processes
     from teachers.models import load_masked_lm
 
     if several_processes():  # every process would write the same shards

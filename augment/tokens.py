@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import datasets
 
 from augment.augmenter import CandidateGenerator
-from distill.data import DataError
+from distill.tasks.data import DataError
 
 
 def word_spans(words: Sequence[str]) -> list[tuple[int, int]]:

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from transformers import AutoModelForSequenceClassification, set_seed  # noqa: E402
 
 from distill.config import StudentConfig  # noqa: E402
-from distill.layer_map import build_layer_map  # noqa: E402
-from distill.objective import DistillationObjective  # noqa: E402
+from distill.method.layer_map import build_layer_map  # noqa: E402
+from distill.method.objective import DistillationObjective  # noqa: E402
 from students import build_student  # noqa: E402
 from teachers.models import resolve_model  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Training batches grouped by length against random batches, on a real task's training set, timed side by side.
 
 For a GLUE task folder (MRPC by default) tokenized with the teacher's tokenizer, one epoch's batches are drawn twice
-from the training loop's own sampler (:class:`distill.trainer.EpochBatchSampler`, batch 32): a seeded shuffle, and the
+from the training loop's own sampler (:class:`distill.method.trainer.EpochBatchSampler`, batch 32): a seeded shuffle, and the
 same shuffle grouped by length (``group_by_length: true``). It prints
 
 - ``padding``: the tokens each way pads to, over the real tokens of the epoch (no model runs);
@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed  # noqa: E402
 
 from distill.config import StudentConfig, TaskConfig  # noqa: E402
-from distill.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
-from distill.layer_map import build_layer_map  # noqa: E402
-from distill.objective import DistillationObjective  # noqa: E402
-from distill.trainer import EpochBatchSampler, example_lengths  # noqa: E402
+from distill.tasks.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
+from distill.method.layer_map import build_layer_map  # noqa: E402
+from distill.method.objective import DistillationObjective  # noqa: E402
+from distill.method.trainer import EpochBatchSampler, example_lengths  # noqa: E402
 from students import build_student  # noqa: E402
 from teachers.models import resolve_model  # noqa: E402
 

@@ -5,7 +5,7 @@ SST-2 sample tokenized with the MiniLM tokenizer, for a teacher and student buil
 download): by default a tiny pair (teacher 4 layers of 128, student 2 of 64), the regime where host work dominates;
 ``--shape bert-base`` is a BERT-base-shaped teacher (12 layers, 768) and the TinyBERT 4-layer/312 student.
 
-- ``loop``: :func:`distill.trainer.train` as the distillation steps run it (batches collated from the dataset ahead
+- ``loop``: :func:`distill.method.trainer.train` as the distillation steps run it (batches collated from the dataset ahead
   of the step by its prefetch thread, moved to the device, the loss checks, logging, the progress bar, the scheduler);
   ``loop_inline``: the same with collation in the training thread (``prefetch=False``), what the prefetch hides.
   Two runs of ``--warmup`` and ``--warmup`` + ``--steps`` steps in fresh folders; the per-step time is their
@@ -52,9 +52,9 @@ sys.path.insert(0, str(ROOT))
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, DataCollatorWithPadding  # noqa: E402
 
 from distill.config import TaskConfig, TrainConfig  # noqa: E402
-from distill.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
-from distill.objective import DistillationObjective  # noqa: E402
-from distill.trainer import EpochBatchSampler, _optimizer, train  # noqa: E402
+from distill.tasks.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
+from distill.method.objective import DistillationObjective  # noqa: E402
+from distill.method.trainer import EpochBatchSampler, _optimizer, train  # noqa: E402
 from teachers.models import resolve_model  # noqa: E402
 
 SHAPES = {  # (teacher, student): layers, hidden, FFN, heads

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from augment import load_shards  # noqa: E402
 from distill.config import TrainConfig, load_config  # noqa: E402
-from distill.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
-from distill.evaluate import evaluate_task  # noqa: E402
-from distill.objective import ModelLossObjective  # noqa: E402
-from distill.trainer import train  # noqa: E402
+from distill.tasks.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
+from distill.tasks.evaluate import evaluate_task  # noqa: E402
+from distill.method.objective import ModelLossObjective  # noqa: E402
+from distill.method.trainer import train  # noqa: E402
 from students.build import student_config, student_shape  # noqa: E402
 from students.pruning import PruningPlan, encoder_layers, layer_modules, probe_inputs, prune_model  # noqa: E402
 from teachers import load_teacher, load_tokenizer  # noqa: E402

@@ -6,8 +6,8 @@ from its config with random weights, no download: the time does not depend on th
 (teacher layers 3, 6, 9, 12), on the first ``--examples`` sentences of the bundled SST-2 sample tokenized with the
 MiniLM tokenizer (its ids fit MPNet's vocabulary) at ``--max-seq-length``, as ``configs/sst2_mpnet.yaml`` runs it.
 
-- ``uncached``: :func:`distill.trainer.train` as the step runs without a cache (the teacher's forward every step);
-- ``cached``: the same loop reading the teacher's outputs from the cache (:mod:`distill.teacher_cache`), built once
+- ``uncached``: :func:`distill.method.trainer.train` as the step runs without a cache (the teacher's forward every step);
+- ``cached``: the same loop reading the teacher's outputs from the cache (:mod:`distill.method.teacher_cache`), built once
   beforehand (``build``: its one teacher pass over the examples and the write, timed apart);
 - ``student_only``: the cached batches collated beforehand, through the objective's forward, backward, clipping and
   AdamW in a bare loop: the student's share, what the cached step cannot go below; ``cached`` over it is what reading
@@ -42,16 +42,16 @@ from transformers import AutoTokenizer, BertConfig, BertForSequenceClassificatio
 from transformers import MPNetConfig, MPNetForSequenceClassification  # noqa: E402
 
 from distill.config import TaskConfig, TrainConfig  # noqa: E402
-from distill.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
-from distill.objective import DistillationObjective  # noqa: E402
-from distill.teacher_cache import (  # noqa: E402
+from distill.tasks.data import collator, load_task_data, task_spec, tokenize  # noqa: E402
+from distill.method.objective import DistillationObjective  # noqa: E402
+from distill.method.teacher_cache import (  # noqa: E402
     STORAGE_DTYPES,
     CacheLayout,
     TeacherCache,
     build_teacher_cache,
     with_cache_index,
 )
-from distill.trainer import EpochBatchSampler, train  # noqa: E402
+from distill.method.trainer import EpochBatchSampler, train  # noqa: E402
 from teachers.models import resolve_model  # noqa: E402
 from loop_overhead import bare_step_seconds  # noqa: E402  (bench/loop_overhead.py)
 

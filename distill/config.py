@@ -88,7 +88,7 @@ class TrainConfig:
         )
 
 
-# Task metrics by name (distill.evaluate computes them).
+# Task metrics by name (distill.tasks.evaluate computes them).
 METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr", "precision", "recall", "exact_match")
 TASK_TYPES = ("sequence_classification", "token_classification", "question_answering")  # distill.tasks.TASK_TYPES
 
@@ -97,7 +97,7 @@ TASK_TYPES = ("sequence_classification", "token_classification", "question_answe
 class TaskConfig:
     """Which task and where its data comes from."""
 
-    name: str = "sst2"  # task name from distill.data.TASKS
+    name: str = "sst2"  # task name from distill.tasks.data.TASKS
     data_dir: str | None = None  # GLUE-format TSV folder; None: the bundled sample (sst2) or the hub
     source: str = "auto"  # "auto" (data_dir, else bundled, else hub), "local", "bundled" or "hub"
     max_train_examples: int | None = None  # use the first N training examples (None: all)
@@ -318,7 +318,7 @@ class DistillConfig:
 
 
 def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, float], steps: tuple[str, ...]) -> None:
-    from distill.terms import terms_of  # the registry of loss terms (imports torch)
+    from distill.method.terms import terms_of  # the registry of loss terms (imports torch)
 
     terms = tuple(name for step in steps for name in terms_of(step))
     if isinstance(layer_map, str):
@@ -471,7 +471,7 @@ def augments(task: TaskConfig) -> bool:
     """Whether ``augment.enabled: auto`` augments this task: its task type (``task.task_type``, a named task's, else
     sequence classification) keeps its labels under word replacement (:attr:`distill.tasks.TaskType.
     supports_augmentation`; not extractive QA)."""
-    from distill.data import TASKS
+    from distill.tasks.data import TASKS
     from distill.tasks import get_task_type
 
     named = TASKS.get(task.name) if task.train_file is None else None
@@ -701,7 +701,7 @@ def with_absolute_paths(config: "PipelineConfig") -> "PipelineConfig":
     """``config`` with every :data:`PATH_FIELDS` value that names an existing file or folder, and every
     :data:`OUTPUT_FIELDS` folder, made absolute (``os.path.abspath``: against the working folder, links kept); other
     values (hub names, :data:`RESERVED_NAMES`) as they are. Stage run ids are unchanged: a local input counts by its
-    bytes (:mod:`distill.fingerprints`)."""
+    bytes (:mod:`distill.job.fingerprints`)."""
 
     def absolute(value: Any, always: bool = False) -> Any:
         if isinstance(value, list):

@@ -1,6 +1,6 @@
 """Logging: our stage messages on the console, the libraries' chatter below it.
 
-Our packages log under four names (:data:`OUR_LOGGERS`: ``distill.pipeline``'s "=== stage: ..." banners,
+Our packages log under four names (:data:`OUR_LOGGERS`: ``distill.job.pipeline``'s "=== stage: ..." banners,
 ``teachers.finetune``'s dev metrics, ...). Two things make them readable wherever the code runs:
 
 - :func:`install_default_handler` (called when ``distill`` is imported) gives each of our loggers level INFO and a

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 
 from distill.config import StudentConfig
-from distill.layer_map import build_layer_map
+from distill.method.layer_map import build_layer_map
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def build_student(
         teacher: the teacher, classifier or bare encoder (its config supplies everything but the shape).
         config: preset / sizes and ``init`` ("random", "teacher_embeddings" or "teacher").
         layer_map: teacher layers [g(1), ..., g(M)] copied into student layers 1..M when ``init == "teacher"``;
-            None: the uniform map (:func:`distill.layer_map.build_layer_map`, 3-of-6 -> [2, 4, 6]).
+            None: the uniform map (:func:`distill.method.layer_map.build_layer_map`, 3-of-6 -> [2, 4, 6]).
         encoder_only: build a bare encoder (``AutoModel``, for general distillation) instead of a classifier.
 
     Raises:

@@ -11,14 +11,14 @@ import numpy as np
 import torch
 from transformers import set_seed
 
-from distill.checkpoint import mark_stage_done
+from distill.method.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
-from distill.data import TaskSpec, collator, tokenize
-from distill.evaluate import evaluate, evaluate_task
-from distill.objective import ModelLossObjective
-from distill.processes import on_main
+from distill.tasks.data import TaskSpec, collator, tokenize
+from distill.tasks.evaluate import evaluate, evaluate_task
+from distill.method.objective import ModelLossObjective
+from distill.job.processes import on_main
 from distill.tasks import record_serving
-from distill.trainer import BEST_FOLDER, Selection, train
+from distill.method.trainer import BEST_FOLDER, Selection, train
 from teachers.models import ModelError, load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)

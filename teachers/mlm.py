@@ -14,12 +14,12 @@ import datasets
 import torch
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, set_seed
 
-from distill.checkpoint import mark_stage_done
+from distill.method.checkpoint import mark_stage_done
 from distill.config import MLMConfig
-from distill.data import ASSETS, DataError
-from distill.objective import MaskedLMObjective
-from distill.processes import on_main
-from distill.trainer import train
+from distill.tasks.data import ASSETS, DataError
+from distill.method.objective import MaskedLMObjective
+from distill.job.processes import on_main
+from distill.method.trainer import train
 from teachers.models import load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from distill.data import TaskSpec
+from distill.tasks.data import TaskSpec
 from teachers.assets import ASSETS, AssetError
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from transformers import DataCollatorWithPadding
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from distill.config import TrainConfig  # noqa: E402
-from distill.objective import DistillationObjective  # noqa: E402
-from distill.trainer import train  # noqa: E402
+from distill.method.objective import DistillationObjective  # noqa: E402
+from distill.method.trainer import train  # noqa: E402
 from tests.conftest import SPECIAL, WORDS, tiny_bert  # noqa: E402
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)

@@ -22,7 +22,7 @@ from augment import (
 )
 from augment.dataset import example_rng
 from augment.augmenter import split_words
-from distill.checkpoint import CheckpointError
+from distill.method.checkpoint import CheckpointError
 from distill.config import AugmentConfig
 from tests.conftest import WORDS, folder_identity, tiny_generator, tiny_vectors
 

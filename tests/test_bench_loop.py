@@ -51,7 +51,7 @@ def test_pad_to_max_length_gives_batches_of_that_length():
     from transformers import AutoTokenizer
 
     from distill.config import TaskConfig
-    from distill.data import task_spec
+    from distill.tasks.data import task_spec
     from teachers.models import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("minilm"))

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import BertTokenizer
 
-from distill.benchmark import pareto_front, run_benchmark
-from distill.export import OnnxClassifier, quantize_onnx, quantize_torch
+from distill.publish.benchmark import pareto_front, run_benchmark
+from distill.publish.export import OnnxClassifier, quantize_onnx, quantize_torch
 from distill.config import BenchmarkConfig
-from distill.data import get_task
+from distill.tasks.data import get_task
 from tests.conftest import SPECIAL, WORDS, tiny_bert
 
 SENTENCES = ["the movie was good", "a bad film", "the plot was fun", "boring story", "great cast", "not fun"]
@@ -47,8 +47,8 @@ def test_the_thread_count_it_timed_at_is_not_left_behind(bench):
 
 
 def test_p90_and_the_stop_rule_interpolate_as_the_report_does():
-    from distill.benchmark import _p90, _spread
-    from distill.report import latency_summary
+    from distill.publish.benchmark import _p90, _spread
+    from distill.publish.report import latency_summary
 
     times = [10.0] * 9 + [30.0]  # one slow run in ten is not the 90th percentile
     assert _p90(times) == pytest.approx(latency_summary(times)["p90"]) == pytest.approx(12.0)
@@ -168,7 +168,7 @@ def test_repeats_are_scaled_to_the_time_budget_and_the_spread_is_reported():
     import time
     from pathlib import Path
 
-    from distill.benchmark import MIN_TIMED_RUNS, Row, markdown, time_rows
+    from distill.publish.benchmark import MIN_TIMED_RUNS, Row, markdown, time_rows
 
     def sleeper(**inputs):
         time.sleep(0.01)

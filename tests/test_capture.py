@@ -4,7 +4,7 @@ import torch
 
 import pytest
 
-from distill.capture import ScoresAttention, enable_score_capture, run_model
+from distill.method.capture import ScoresAttention, enable_score_capture, run_model
 from tests.conftest import padded_batch, tiny_bert, tiny_roberta
 
 
@@ -148,7 +148,7 @@ def test_query_key_value_are_captured_in_families_whose_attention_has_no_layer_i
     order (checked against forward hooks on the projection layers themselves)."""
     from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertModel
 
-    from distill.capture import enable_score_capture, run_model
+    from distill.method.capture import enable_score_capture, run_model
 
     torch.manual_seed(0)
     if family == "albert":

@@ -15,8 +15,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Bert
 
 import run_distill
 from distill.config import load_config
-from distill.export import OnnxClassifier
-from distill.pipeline import run_pipeline
+from distill.publish.export import OnnxClassifier
+from distill.job.pipeline import run_pipeline
 from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
 
 
@@ -100,9 +100,9 @@ def test_push_to_hub_uploads_the_folder_with_its_card_and_not_the_working_files(
 def test_the_export_command_writes_the_files_and_the_benchmark_times_them(finished, tmp_path):
     import shutil
 
-    from distill.benchmark import run_benchmark
+    from distill.publish.benchmark import run_benchmark
     from distill.config import BenchmarkConfig
-    from distill.data import get_task, load_task_data
+    from distill.tasks.data import get_task, load_task_data
 
     config, out = finished
     student = tmp_path / "student"
@@ -154,8 +154,8 @@ def test_the_card_gives_each_latency_with_its_spread_and_when_it_was_timed(finis
 
 
 def _card(data=None, chance=None, teacher_dev=0.9, student_dev=0.85):
-    from distill.card import student_card
-    from distill.data import get_task
+    from distill.publish.card import student_card
+    from distill.tasks.data import get_task
 
     rows = [{"name": "teacher", "dev": {"accuracy": teacher_dev}, "retained": 1.0},
             {"name": "student", "dev": {"accuracy": student_dev}, "retained": student_dev / teacher_dev}]
@@ -183,8 +183,8 @@ def test_the_card_names_the_hub_split_only_for_the_data_that_was_used():
 
 
 def test_each_mnli_metric_is_filed_under_its_own_dev_set():
-    from distill.card import _eval_results
-    from distill.data import get_task
+    from distill.publish.card import _eval_results
+    from distill.tasks.data import get_task
 
     data = {"kind": "hub", "location": "glue/mnli", "num_examples": {"train": 100, "dev": 100, "dev_mismatched": 9832},
             "num_available": {"train": 392702, "dev": 9815, "dev_mismatched": 9832}}
@@ -213,7 +213,7 @@ def test_a_teacher_or_student_at_chance_gets_no_retained_share_on_the_card():
 def test_a_record_without_the_gold_label_entry_still_lists_the_term_its_run_id_says_ran(finished):
     """A prediction step recorded before its record named the hard-label term: the config (bound to the run id) says
     it ran, so the card lists it; without it, the card lists the soft term alone."""
-    from distill.card import ran_weights
+    from distill.publish.card import ran_weights
     from distill.config import with_overrides
 
     config, _ = finished
@@ -227,7 +227,7 @@ def test_a_record_without_the_gold_label_entry_still_lists_the_term_its_run_id_s
 def test_the_gold_label_term_is_weighted_with_the_prediction_term_it_is_added_to():
     """The objective weights the whole prediction term, gold-label loss included: its effective weight is the
     product, and with the prediction term off it does not run."""
-    from distill.objective import prediction_terms
+    from distill.method.objective import prediction_terms
 
     assert prediction_terms({}, 0.0) == {"prediction": 1.0}
     assert prediction_terms({"prediction": 0.5}, 1.0) == {"prediction": 0.5, "hard_label": 0.5}
@@ -237,7 +237,7 @@ def test_the_gold_label_term_is_weighted_with_the_prediction_term_it_is_added_to
 def test_the_card_says_how_many_examples_the_teacher_saw_and_whether_copies_were_made(finished):
     """The recipe lines read the stage records: the teacher's count (a task cap below its CPU share), the copies
     actually made (none when the training set fills the row budget), not the configured numbers alone."""
-    from distill.card import recipe_lines
+    from distill.publish.card import recipe_lines
     from distill.config import with_overrides
 
     config, out = finished
@@ -262,7 +262,7 @@ def test_the_card_says_how_many_examples_the_teacher_saw_and_whether_copies_were
 def test_an_onnx_graph_that_ignores_padding_is_refused(tmp_path, monkeypatch):
     """The export's own check runs a padded probe too: a graph that computed as if every token were real (the trace
     of an all-ones mask can drop the masking) would give other logits there, and is refused."""
-    import distill.export as export
+    import distill.publish.export as export
     from tests.conftest import tiny_bert
 
     model = tiny_bert(seed=1, initializer_range=0.5)  # weights large enough for padding to move the logits
@@ -279,7 +279,7 @@ def test_an_onnx_graph_that_ignores_padding_is_refused(tmp_path, monkeypatch):
 
 
 def test_the_card_gives_the_temperature_as_it_ran_and_none_for_regression(finished):
-    from distill.card import recipe_lines
+    from distill.publish.card import recipe_lines
     from distill.config import with_overrides
 
     config, out = finished
@@ -310,7 +310,7 @@ def test_the_benchmark_command_reads_the_config_the_teacher_was_made_with(finish
 
 
 def test_a_benchmark_row_name_that_is_taken_gets_a_number():
-    from distill.benchmark import unique_name
+    from distill.publish.benchmark import unique_name
 
     assert unique_name("student", {"teacher"}) == "student"
     assert unique_name("student", {"teacher", "student", "student_2"}) == "student_3"
@@ -339,7 +339,7 @@ def test_the_benchmark_command_reads_the_runs_config_from_its_stage_folders(fini
 
 
 def test_the_run_folder_of_each_stage_folder_is_found(tmp_path, monkeypatch):
-    from distill.export import pipeline_folder_of
+    from distill.publish.export import pipeline_folder_of
 
     run = tmp_path / "run"
     for stage in ("teacher", "student", "student_intermediate", "mlm"):
@@ -355,7 +355,7 @@ def test_the_run_folder_of_each_stage_folder_is_found(tmp_path, monkeypatch):
 
 
 def test_a_sweep_students_folder_leads_to_the_sweeps_config(tmp_path):
-    from distill.export import pipeline_folder_of
+    from distill.publish.export import pipeline_folder_of
 
     run = tmp_path / "sweep"
     (run / "students" / "4l-312" / "student").mkdir(parents=True)

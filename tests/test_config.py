@@ -121,7 +121,7 @@ def test_augment_flags_come_from_the_config_fields_and_their_help(capsys):
 def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
     """Run ids of the default config's stages, computed by the code before ``group_by_length`` existed: outputs made
     then are still found finished; turning the setting on gives the stages that read it new ids."""
-    from distill.stages import STAGES
+    from distill.job.stages import STAGES
 
     def run_ids(config):
         return {name: spec.run_id(config, {i: "x" for i in spec.inputs}) for name, spec in STAGES.items()}
@@ -197,7 +197,7 @@ def test_a_stop_outside_a_training_loop_exits_with_its_signals_code(monkeypatch,
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
 def test_every_shipped_config_loads_and_its_student_fits_its_teacher(path):
-    from distill.preflight import check_student_fits_teacher
+    from distill.job.preflight import check_student_fits_teacher
     from students import student_shape
     from teachers.models import load_config as load_model_config
 
@@ -246,8 +246,8 @@ def test_the_shipped_pair_tinybert_recipe_is_the_measured_command():
     runs made: its teacher, masked LM and augmented set are the pair recipe's, so their folders can be reused."""
     import dataclasses
 
-    from distill.general import general_config
-    from distill.preflight import check_student_fits_teacher
+    from distill.job.general import general_config
+    from distill.job.preflight import check_student_fits_teacher
 
     recipe = load_config(ROOT / "configs/pair_tinybert.yaml")
     measured = load_config(ROOT / "configs/pair_minilm.yaml", {

@@ -2,7 +2,7 @@ import datasets
 import pytest
 
 from distill.config import TaskConfig
-from distill.data import DataError, get_task, load_task_data, read_glue_tsv, read_table
+from distill.tasks.data import DataError, get_task, load_task_data, read_glue_tsv, read_table
 
 
 def test_bundled_sst2_loads():
@@ -20,7 +20,7 @@ def test_local_folder_and_limits(tmp_path):
 
 
 def test_the_data_source_says_where_the_data_came_from_and_how_much_is_used(tmp_path):
-    from distill.data import ASSETS, load_task_data_with_source
+    from distill.tasks.data import ASSETS, load_task_data_with_source
 
     _, bundled = load_task_data_with_source(TaskConfig(name="sst2", max_eval_examples=32))
     assert (bundled.kind, bundled.location) == ("bundled", str(ASSETS / "sst2"))

@@ -22,13 +22,13 @@ from transformers import BertTokenizer
 
 import augment.augmenter
 import augment.vectors
-import distill.benchmark
-import distill.evaluate
-import distill.pipeline
+import distill.publish.benchmark
+import distill.tasks.evaluate
+import distill.job.pipeline
 from distill.config import ConfigError, TrainConfig, load_config
-from distill.evaluate import predict
-from distill.objective import DistillationObjective, MaskedLMObjective, ModelLossObjective
-from distill.trainer import train
+from distill.tasks.evaluate import predict
+from distill.method.objective import DistillationObjective, MaskedLMObjective, ModelLossObjective
+from distill.method.trainer import train
 from tests.conftest import SPECIAL, WORDS, tiny_bert, tiny_job_every_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,15 +77,15 @@ def test_every_pipeline_stage_runs_on_the_device_it_is_given(tmp_path, monkeypat
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
     config = load_config(tiny_job_every_stage(tmp_path, tokenizer))
     spy = Spy(monkeypatch)
-    spy.wrap_function(distill.evaluate, "predict", "evaluation")  # evaluate / evaluate_task call it
-    spy.wrap_function(distill.pipeline, "predict", "teacher-logit cache")
+    spy.wrap_function(distill.tasks.evaluate, "predict", "evaluation")  # evaluate / evaluate_task call it
+    spy.wrap_function(distill.job.pipeline, "predict", "teacher-logit cache")
     for cls, name in ((ModelLossObjective, "teacher fine-tuning"), (MaskedLMObjective, "adapt-mlm"),
                       (DistillationObjective, "distillation")):
         spy.wrap_to(cls, name)
     spy.wrap_init(augment.augmenter.CandidateGenerator, "augmentation masked LM")
     spy.wrap_init(augment.vectors.NeighbourCache, "word-vector search")
-    monkeypatch.setattr(distill.pipeline, "is_accelerator", lambda device: device == FAKE)  # accelerator timings
-    report = distill.pipeline.run_pipeline(config, device=FAKE)
+    monkeypatch.setattr(distill.job.pipeline, "is_accelerator", lambda device: device == FAKE)  # accelerator timings
+    report = distill.job.pipeline.run_pipeline(config, device=FAKE)
 
     assert set(spy.seen) == {"evaluation", "teacher-logit cache", "teacher fine-tuning", "adapt-mlm", "distillation",
                              "augmentation masked LM", "word-vector search"}
@@ -123,13 +123,13 @@ def test_the_benchmark_adds_accelerator_rows_evaluated_and_timed_there(tmp_path,
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
     dev = datasets.Dataset.from_dict({"sentence": ["the movie was good", "a bad film"] * 3, "label": [1, 0] * 3})
-    config = distill.benchmark.BenchmarkConfig(batch_sizes=[2], seq_lengths=[8], num_warmup=1, min_repeats=2,
+    config = distill.publish.benchmark.BenchmarkConfig(batch_sizes=[2], seq_lengths=[8], num_warmup=1, min_repeats=2,
                                                max_repeats=2, compress=[], memory=False)
     spy = Spy(monkeypatch)
-    spy.wrap_function(distill.benchmark, "predict", "evaluation")
-    monkeypatch.setattr(distill.benchmark, "is_accelerator", lambda device: device == FAKE)
-    report = distill.benchmark.run_benchmark(tmp_path / "teacher", {"small": (tmp_path / "small", "random")},
-                                             distill.data.get_task("sst2"), dev, config, tmp_path / "out", 16,
+    spy.wrap_function(distill.publish.benchmark, "predict", "evaluation")
+    monkeypatch.setattr(distill.publish.benchmark, "is_accelerator", lambda device: device == FAKE)
+    report = distill.publish.benchmark.run_benchmark(tmp_path / "teacher", {"small": (tmp_path / "small", "random")},
+                                             distill.tasks.data.get_task("sst2"), dev, config, tmp_path / "out", 16,
                                              device=FAKE)
     rows = {row["name"]: row for row in report["rows"]}
     assert list(rows) == ["teacher", "teacher (cpu)", "teacher (cpu-fp16)", "small", "small (cpu)", "small (cpu-fp16)"]
@@ -143,7 +143,7 @@ def test_the_benchmark_adds_accelerator_rows_evaluated_and_timed_there(tmp_path,
 
 def test_general_distillation_trains_on_the_device_it_is_given(tmp_path, monkeypatch):
     from distill.config import GeneralConfig, StudentConfig
-    from distill.general import run_general_distillation
+    from distill.job.general import run_general_distillation
 
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
     encoder = tmp_path / "encoder"

@@ -4,8 +4,8 @@ by them: F1 of the positive class, MCC 0 when undefined, correlations 0 for cons
 import numpy as np
 import pytest
 
-from distill.data import get_task
-from distill.evaluate import accuracy, compute_metrics, f1, matthews_corrcoef
+from distill.tasks.data import get_task
+from distill.tasks.evaluate import accuracy, compute_metrics, f1, matthews_corrcoef
 
 
 def test_accuracy_and_f1_of_the_positive_class():

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import run_distill
-from distill.capture import CaptureError, check_capture
+from distill.method.capture import CaptureError, check_capture
 from conftest import tiny_job
 from glue_fixtures import write_glue_folder
 
@@ -123,7 +123,7 @@ def test_capture_check_catches_attention_that_bypasses_the_interface():
     model = _classifier("deberta-v2", 34)
     with pytest.raises(CaptureError, match=r"teacher: model type 'deberta-v2' is not a BERT-style encoder"):
         check_capture(model, role="teacher")
-    from distill import capture
+    from distill.method import capture
 
     saved = capture.NOT_CAPTURABLE.pop("deberta-v2")  # as an unknown family would be: only the probe decides
     try:
@@ -151,7 +151,7 @@ def _mpnet(vocab_size: int, **overrides):
 def test_mpnet_scores_from_hooks_match_its_own_attention_probabilities():
     """MPNet computes QK^T/sqrt(d) + relative position bias inside its own module; the hooks recompute exactly that,
     so softmax of the captured scores (padding masked) is the model's attention, layer by layer, with padding."""
-    from distill.capture import run_model
+    from distill.method.capture import run_model
     from tests.conftest import padded_batch
 
     model = _mpnet(34).eval()
@@ -188,7 +188,7 @@ def test_an_mpnet_students_hooked_scores_carry_the_gradient_of_its_own_attention
     """A student's scores must come from the attention it trains: a loss on log-softmax of the hooked scores has
     the same gradient, for every weight (query, key, relative position bias, embeddings), as the same loss on the
     log of the attention probabilities the model itself returns."""
-    from distill.capture import run_model
+    from distill.method.capture import run_model
     from tests.conftest import padded_batch
 
     model = _mpnet(34, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -371,7 +371,7 @@ def test_the_shipped_student_is_cut_from_the_layers_of_a_teacher_of_every_family
     import re
 
     from distill.config import StudentConfig
-    from distill.layer_map import build_layer_map
+    from distill.method.layer_map import build_layer_map
     from students import build_student
 
     layers = {"n_layers": 4} if family == "distilbert" else {"num_hidden_layers": 4}

@@ -175,17 +175,17 @@ def no_logging_configured():
 
 def test_library_info_chatter_stays_off_the_console(capsys):
     with no_logging_configured():
-        logging.getLogger("distill.pipeline").info("=== stage: teacher -> runs/x/teacher")
+        logging.getLogger("distill.job.pipeline").info("=== stage: teacher -> runs/x/teacher")
         logging.getLogger("onnx_ir.passes.common.initializer_deduplication").info("Replaced initializer 'val_82'")
         logging.getLogger("httpx").info("HTTP Request: HEAD https://huggingface.co")
     err = capsys.readouterr().err
-    assert "INFO distill.pipeline: === stage: teacher -> runs/x/teacher" in err
+    assert "INFO distill.job.pipeline: === stage: teacher -> runs/x/teacher" in err
     assert "Replaced initializer" not in err and "HTTP Request" not in err
 
 
 def test_an_application_that_configures_logging_gets_each_record_once(caplog, capsys):
     with caplog.at_level(logging.INFO):
-        logging.getLogger("distill.pipeline").info("=== stage: report")
+        logging.getLogger("distill.job.pipeline").info("=== stage: report")
     assert caplog.text.count("=== stage: report") == 1
     assert "=== stage: report" not in capsys.readouterr().err  # the default handler stands back
 
@@ -218,7 +218,7 @@ def python_run(tmp_path_factory):
 def test_a_pipeline_run_from_python_shows_its_stages_and_not_the_exporters_chatter(python_run):
     run, _, err = python_run
     for stage in ("task distillation, intermediate step", "task distillation, prediction step"):
-        assert f"INFO distill.pipeline: === stage: {stage}" in err, err[-3000:]
+        assert f"INFO distill.job.pipeline: === stage: {stage}" in err, err[-3000:]
     assert (run / "student" / "onnx" / "model.onnx").is_file()  # the exporter ran, quietly:
     assert "onnx_ir" not in err and "Replaced initializer" not in err and "torchvision" not in err
     assert "UserWarning" not in err and "FutureWarning" not in err
@@ -237,7 +237,7 @@ def test_export_reads_the_runs_config_and_never_reports_another_dev_sets_numbers
     # Without --config: the run's config.json (its data folder, not the default job's 872 bundled dev examples), so
     # the pipeline's check is the one for this dev set.
     for student in (run, run / "student"):
-        with caplog.at_level(logging.INFO, logger="distill.export"):
+        with caplog.at_level(logging.INFO, logger="distill.publish.export"):
             assert run_distill.main(["export", "--student", str(student)]) == 0
         out, err = capsys.readouterr()
         assert f"config: {run / 'config.json'}, the config the student was made with" in err
@@ -246,7 +246,7 @@ def test_export_reads_the_runs_config_and_never_reports_another_dev_sets_numbers
         caplog.clear()
 
     # Another dev set: checked again, never called up to date with the old numbers.
-    with caplog.at_level(logging.INFO, logger="distill.export"):
+    with caplog.at_level(logging.INFO, logger="distill.publish.export"):
         assert run_distill.main(["export", "--student", str(run), "--set", "task.max_eval_examples=2"]) == 0
     assert "up to date" not in caplog.text
     assert json.loads(record_file.read_text())["num_dev_examples"] == 2
@@ -268,7 +268,7 @@ def test_a_test_whose_shared_data_is_missing_fails_instead_of_skipping(tmp_path,
 
 def test_the_saved_config_makes_local_paths_absolute_and_keeps_names_and_run_ids(tmp_path, monkeypatch):
     from distill.config import to_dict, with_absolute_paths
-    from distill.stages import STAGES
+    from distill.job.stages import STAGES
 
     from tests.glue_fixtures import write_glue_folder
 

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, BertModel
 
-from distill.checkpoint import CheckpointError
-from distill.corpus import load_packed_corpus, pack_lines
-from distill.data import DataError
-from distill.objective import DistillationObjective
-from distill.pipeline import load_projections
+from distill.method.checkpoint import CheckpointError
+from distill.job.corpus import load_packed_corpus, pack_lines
+from distill.tasks.data import DataError
+from distill.method.objective import DistillationObjective
+from distill.job.pipeline import load_projections
 from tests.conftest import tiny_bert, tiny_bert_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_the_general_run_id_follows_the_corpus_text_not_its_path_or_file_times(t
     # A 46-minute general stage is found again when the same corpus is copied, downloaded anew or named another
     # way; a changed word makes another stage.
     from distill.config import GeneralConfig
-    from distill.general import general_run_id
+    from distill.job.general import general_run_id
 
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
@@ -195,7 +195,7 @@ def test_rerun_of_a_finished_general_distillation_is_skipped_and_another_config_
 _LOCK_TAKER = """
 import signal, sys, time
 from pathlib import Path
-from distill.general import exclusive
+from distill.job.general import exclusive
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even where the launching shell ignores SIGINT
 folder, rank = Path(sys.argv[1]), sys.argv[2]
 other_in = folder.with_name("other-entered")
@@ -258,7 +258,7 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
     import signal
     import time
 
-    from distill import processes
+    from distill.job import processes
 
     folder = tmp_path / "cache" / "minilm-4l312-x"
     folder.parent.mkdir(parents=True)
@@ -299,8 +299,8 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
 def test_the_holder_file_of_an_earlier_entry_lets_nobody_through(tmp_path, monkeypatch):
     """A sweep enters the general stage's lock once per student: a process that arrives at the next entry while the
     main process has not yet removed the previous entry's holder file must not take it for this one's."""
-    from distill.general import _held
-    from distill.processes import launch_marker
+    from distill.job.general import _held
+    from distill.job.processes import launch_marker
 
     monkeypatch.setenv("MASTER_PORT", "29519")
     holder = tmp_path / "minilm-4l312-x.holder"

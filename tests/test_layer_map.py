@@ -1,6 +1,6 @@
 import pytest
 
-from distill.layer_map import build_layer_map
+from distill.method.layer_map import build_layer_map
 
 
 @pytest.mark.parametrize(

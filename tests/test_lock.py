@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from distill.checkpoint import FolderInUseError, output_lock
+from distill.method.checkpoint import FolderInUseError, output_lock
 
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from distill.checkpoint import output_lock
+    from distill.method.checkpoint import output_lock
     with output_lock(Path(sys.argv[1]), "python run_distill.py pipeline --output-dir held"):
         print("locked", flush=True)
         time.sleep(120)

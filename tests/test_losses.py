@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from distill.losses import (
+from distill.method.losses import (
     attention_loss,
     hidden_loss,
     match_heads,
@@ -13,7 +13,7 @@ from distill.losses import (
     soft_cross_entropy,
     squared_error_sum,
 )
-from distill.objective import DistillationObjective
+from distill.method.objective import DistillationObjective
 from tests.conftest import padded_batch, tiny_bert
 
 
@@ -141,7 +141,7 @@ def test_objective_shared_projection_and_prediction_from_cached_logits():
 def test_masked_lm_objective_equals_the_models_own_loss():
     from transformers import BertForMaskedLM
 
-    from distill.objective import MaskedLMObjective
+    from distill.method.objective import MaskedLMObjective
     from tests.conftest import tiny_bert_config
 
     torch.manual_seed(0)
@@ -186,7 +186,7 @@ def test_squared_error_sum_value_and_gradient_match_plain_autograd(shape, keep_s
 def test_each_error_says_whether_its_inputs_differ_even_when_the_sum_rounds_to_zero():
     """A difference below ~4e-23 squares to 0 in float32: the sum is 0 though student and teacher differ, which is
     what the trainer's check of a loss lost to rounding needs to see. Padded positions do not count as differing."""
-    from distill.losses import attention_error, hidden_error, relation_error
+    from distill.method.losses import attention_error, hidden_error, relation_error
 
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     scores = torch.zeros(1, 2, 3, 3)
@@ -223,7 +223,7 @@ def test_squared_error_sum_refuses_a_teacher_with_gradient():
 def test_a_term_added_after_the_others_reads_the_teachers_true_outputs(monkeypatch):
     """The squared-error terms overwrite teacher buffers they read last; a term registered after them that declares
     the same reads must still see the teacher's real outputs, and nothing may read them once the terms are done."""
-    from distill.terms import LOSS_TERMS, LossTerm, TermValue
+    from distill.method.terms import LOSS_TERMS, LossTerm, TermValue
 
     seen = {}
 
@@ -242,7 +242,7 @@ def test_a_term_added_after_the_others_reads_the_teachers_true_outputs(monkeypat
     objective = DistillationObjective(teacher, student, {"hidden": 1, "attention": 1, "probe": 1}, [1, 2])
     batch = padded_batch()
     objective(batch)
-    from distill.capture import run_model
+    from distill.method.capture import run_model
 
     with torch.no_grad():
         fresh = run_model(teacher, batch)
@@ -256,8 +256,8 @@ def test_a_term_added_after_the_others_reads_the_teachers_true_outputs(monkeypat
 def test_the_last_reader_consumes_and_an_undeclared_read_is_refused():
     from collections import Counter
 
-    from distill.capture import ModelOutputs
-    from distill.terms import TeacherOutputs
+    from distill.method.capture import ModelOutputs
+    from distill.method.terms import TeacherOutputs
 
     hidden = tuple(torch.zeros(1, 2, 3) for _ in range(3))
     outputs = TeacherOutputs(ModelOutputs(None, hidden, (), torch.ones(1, 2)), None,
@@ -271,8 +271,8 @@ def test_the_last_reader_consumes_and_an_undeclared_read_is_refused():
 
 def test_loss_terms_come_from_one_registry():
     from distill.config import ConfigError, DistillConfig, GeneralConfig
-    from distill.objective import intermediate_terms
-    from distill.terms import LOSS_TERMS, terms_of
+    from distill.method.objective import intermediate_terms
+    from distill.method.terms import LOSS_TERMS, terms_of
 
     assert list(LOSS_TERMS) == ["embedding", "hidden", "attention", "relation", "prediction"]
     assert terms_of("intermediate") == ("embedding", "hidden", "attention", "relation")
@@ -291,7 +291,7 @@ def test_loss_terms_come_from_one_registry():
 def test_relation_loss_against_kl_div_by_hand_and_padding_free():
     from torch.nn import functional as F
 
-    from distill.losses import relation_loss
+    from distill.method.losses import relation_loss
 
     torch.manual_seed(0)
     student, teacher = torch.randn(2, 5, 8), torch.randn(2, 5, 12)  # widths differ; 4 relation heads of 2 and 3 dims
@@ -332,7 +332,7 @@ def test_the_normalized_hidden_loss_does_not_let_a_constant_match_a_layer_that_b
     """A sentence-embedding teacher's last layer can be nearly the same vector for every token: its MSE is small for a
     student that outputs that constant; normalized by the teacher's variation, the constant scores 1 (it explains
     none of it) and a student that follows the variation scores near 0."""
-    from distill.losses import hidden_error, teacher_variation
+    from distill.method.losses import hidden_error, teacher_variation
 
     torch.manual_seed(0)
     mask = torch.ones(4, 6)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import BertForMaskedLM, BertModel, BertTokenizer
 
-from distill.data import ASSETS, GLUE_TASKS, get_task, read_glue_tsv
-from distill.evaluate import compute_metrics
+from distill.tasks.data import ASSETS, GLUE_TASKS, get_task, read_glue_tsv
+from distill.tasks.evaluate import compute_metrics
 from students import build_student, student_shape
 from students.build import init_embeddings_from_teacher
 from distill.config import StudentConfig
@@ -237,7 +237,7 @@ def test_the_adapt_mlm_command_counts_its_corpus_by_bytes_and_shares_the_pipelin
 
     import run_distill
     from distill.config import load_config
-    from distill.stages import STAGES
+    from distill.job.stages import STAGES
 
     encoder, corpus, out = tmp_path / "encoder", tmp_path / "corpus.txt", tmp_path / "mlm"
     tiny_bert(seed=0).save_pretrained(encoder)

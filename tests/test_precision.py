@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from distill.losses import attention_loss, hidden_loss, squared_error_sum
-from distill.objective import DistillationObjective
+from distill.method.losses import attention_loss, hidden_loss, squared_error_sum
+from distill.method.objective import DistillationObjective
 
 B, A, T = 32, 12, 128
 HALF = [torch.float16, torch.bfloat16]

@@ -13,7 +13,7 @@ from transformers import (AutoConfig, AutoModelForQuestionAnswering, AutoModelFo
 import run_distill
 from conftest import padded_batch, tiny_bert, tiny_job
 from distill.config import ConfigError, load_config
-from distill.pruned import IMPORTANCE_FILE, init_projections, kept_channels
+from distill.job.pruned import IMPORTANCE_FILE, init_projections, kept_channels
 from glue_fixtures import write_glue_folder
 from students.build import student_config
 from students.pruning import (Importance, PruningError, check_reachable, compute_importance, layer_modules,
@@ -195,7 +195,7 @@ def test_the_pipeline_prunes_the_teacher_then_distils_and_ships_a_pipeline_model
 def test_the_first_hidden_loss_of_a_pruned_student_is_that_of_its_selected_channels():
     """A student pruned to the teacher's own shape computes the teacher's states: hidden loss 0. A narrower one with
     W the selection of its kept channels starts far below the loss it has with W drawn at random."""
-    from distill.objective import DistillationObjective
+    from distill.method.objective import DistillationObjective
 
     teacher = _teacher()
     _, same = _prune(teacher, SAME, [1, 2, 3])
@@ -216,7 +216,7 @@ def test_preflight_refuses_pruning_with_a_general_stage_or_an_unreachable_shape(
     data = write_glue_folder(tmp_path, "sst2")
     config = tiny_job(tmp_path, tiny_bert(seed=0), tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
                       student={"init": "pruned", "hidden_size": 18, "num_attention_heads": 2})
-    from distill.preflight import preflight
+    from distill.job.preflight import preflight
 
     with pytest.raises(ConfigError, match="nearest reachable hidden_size 18 with num_attention_heads 3"):
         preflight(load_config(config))

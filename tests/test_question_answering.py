@@ -16,8 +16,8 @@ import yaml
 from transformers import BertForQuestionAnswering
 
 from distill.config import ConfigError, TaskConfig, load_config
-from distill.data import DataError, load_task_data
-from distill.evaluate import predict
+from distill.tasks.data import DataError, load_task_data
+from distill.tasks.evaluate import predict
 from distill.tasks import get_task_type
 from distill.tasks.question_answering import (
     NO_SPAN,
@@ -354,7 +354,7 @@ def test_the_collator_pads_masks_and_teacher_logits_and_moves_positions_with_lef
 
 
 def test_augmentation_is_refused_for_question_answering(tmp_path):
-    from distill.preflight import preflight
+    from distill.job.preflight import preflight
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({"task": {"name": "squad"}, "augment": {"enabled": True}}))
@@ -372,7 +372,7 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
     start and end positions, best dev F1 kept), a student with the teacher's QA head, the teacher's start/end logits
     cached per feature, a card with the question-answering tag, ONNX files that pick the same spans as PyTorch, and
     the reader answering from both."""
-    from distill.pipeline import run_pipeline
+    from distill.job.pipeline import run_pipeline
 
     data = tmp_path / "data"
     data.mkdir()
@@ -462,7 +462,7 @@ def test_the_reader_answers_as_the_evaluation_does_with_the_windows_saved_beside
     evaluation path's answers, spans and scores for every question; one that read with other windows would not."""
     import shutil
 
-    from distill.data import TaskSpec
+    from distill.tasks.data import TaskSpec
     from distill.tasks import record_serving
     from distill.tasks.question_answering import doc_stride
 
@@ -508,7 +508,7 @@ def test_a_reader_named_by_its_hub_repository_reads_the_windows_from_the_pushed_
     the checkpoint's config.json from the hub (from_pretrained stood in for here)."""
     import transformers
 
-    from distill.data import TaskSpec
+    from distill.tasks.data import TaskSpec
     from distill.tasks import record_serving
 
     model = tiny_qa_teacher()
@@ -589,8 +589,8 @@ def test_predict_gives_start_and_end_logits_per_feature(tiny_tokenizer):
 
 def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids_say_so():
     from distill.config import with_overrides
-    from distill.pipeline import for_device
-    from distill.stages import STAGES
+    from distill.job.pipeline import for_device
+    from distill.job.stages import STAGES
 
     shipped = load_config(str(Path(__file__).resolve().parents[1] / "configs" / "squad_minilm.yaml"))
     assert (shipped.task.max_train_examples_cpu, shipped.teacher.max_train_examples_cpu) == (16000, 8000)
@@ -630,7 +630,7 @@ def test_the_cpu_budget_rule_caps_the_training_set_on_a_cpu_only_and_the_run_ids
 
 
 def test_a_sweep_resolves_the_cpu_budget_rule_too(tmp_path, monkeypatch):
-    import distill.pipeline as pipeline
+    import distill.job.pipeline as pipeline
 
     path = tmp_path / "sweep.yaml"
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "squad_minilm.yaml").read_text())
@@ -680,7 +680,7 @@ def test_the_dry_run_refuses_a_squad_file_the_run_would_refuse(tmp_path, capsys)
 def test_the_smoke_config_augments_where_the_task_type_allows(task, augmented, tmp_path):
     """`augment.enabled: auto` (configs/smoke.yaml): resolved when the config is read, so the QA smoke run passes the
     checks an explicit `true` fails, and the stages see a plain true or false."""
-    from distill.preflight import preflight
+    from distill.job.preflight import preflight
 
     config = load_config("smoke.yaml", {"task.name": task, "output_dir": str(tmp_path / "run")})
     assert config.augment.enabled is augmented

@@ -12,7 +12,7 @@ import torch
 
 import run_distill
 from distill.config import ReportConfig
-from distill.report import build_report, latency_summary, write_report
+from distill.publish.report import build_report, latency_summary, write_report
 from tests.conftest import tiny_bert, tiny_job
 from tests.glue_fixtures import write_glue_folder
 
@@ -43,7 +43,7 @@ def test_latency_summary_gives_median_p10_p90_and_spread():
 
 def test_timing_at_its_own_thread_count_puts_the_previous_count_back():
     """A report timed at one thread must not leave the stages after it (the next seed's training) on one thread."""
-    from distill.report import time_models
+    from distill.publish.report import time_models
 
     before = torch.get_num_threads()
     wanted = 1 if before > 1 else 2
@@ -68,7 +68,7 @@ def test_faster_by_comes_with_its_range_and_report_md_says_task_data_and_config(
 
 
 def test_a_large_spread_is_a_warning_in_the_log_and_in_report_md(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="distill.report"):
+    with caplog.at_level(logging.WARNING, logger="distill.publish.report"):
         report = _report(0.86, 0.84, student_timing=(2.0, 1.0, 4.0))  # (4 - 1) / 2 = 1.5 > 0.25
     assert any("latency spread is large: student batch 1: 2.0 ms, p10-p90 1.0-4.0 (spread 1.50)" in r.getMessage()
                for r in caplog.records)
@@ -84,7 +84,7 @@ def test_a_large_spread_is_a_warning_in_the_log_and_in_report_md(tmp_path, caplo
 ])
 def test_a_model_at_chance_gets_no_retained_share(tmp_path, caplog, teacher, student, note):
     """Finding 2 of issue 27: a teacher at chance printed "93.3% retained" with no warning."""
-    with caplog.at_level(logging.WARNING, logger="distill.report"):
+    with caplog.at_level(logging.WARNING, logger="distill.publish.report"):
         report = _report(teacher, student)
     assert report["models"]["student"]["ratios"]["metric_retained"] is None
     assert report["models"]["student"]["retained_note"] == note

@@ -15,8 +15,8 @@ from transformers import BertTokenizer
 
 import run_distill
 from distill.config import load_config
-from distill.report import CHANCE_MARGIN
-from distill.seeds import SEEDED_SECTIONS, run_seeds, seeds_markdown, summarize
+from distill.publish.report import CHANCE_MARGIN
+from distill.job.seeds import SEEDED_SECTIONS, run_seeds, seeds_markdown, summarize
 from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_a_bad_seeds_run_is_refused_before_anything_runs(tmp_path, capsys, flags
 
 def test_under_a_multi_process_launch_a_failing_seed_stops_the_command(tmp_path, monkeypatch):
     """One process failing alone cannot be kept in step with the others, so the command stops there."""
-    import distill.seeds as seeds
+    import distill.job.seeds as seeds
     from teachers import ModelError
 
     ran = []
@@ -156,7 +156,7 @@ def test_under_a_multi_process_launch_a_failing_seed_stops_the_command(tmp_path,
 
 
 def test_a_failing_seed_does_not_stop_the_others_and_the_finished_ones_are_summarised(tmp_path, monkeypatch, capsys):
-    import distill.seeds as seeds
+    import distill.job.seeds as seeds
     from teachers import ModelError
 
     ran = []

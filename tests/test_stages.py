@@ -11,8 +11,8 @@ import pytest
 from transformers import BertTokenizer
 
 from distill.config import load_config
-from distill.pipeline import run_pipeline
-from distill.stages import STAGES, UndeclaredFieldError
+from distill.job.pipeline import run_pipeline
+from distill.job.stages import STAGES, UndeclaredFieldError
 from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
 
 STAGE_FOLDERS = ("teacher", "mlm", "augmented", "teacher_logits", "student_intermediate", "student")
@@ -54,8 +54,8 @@ def test_the_teacher_dev_metrics_are_the_selections_own_score_of_the_kept_weight
     """The kept weights were scored when selected: that score is the stage's dev record, the same numbers a fresh
     evaluation of the saved teacher gives, with no second pass over the dev set (one per evaluation only)."""
     import teachers.finetune as finetune
-    from distill.data import load_task_data, task_spec
-    from distill.evaluate import evaluate_task
+    from distill.tasks.data import load_task_data, task_spec
+    from distill.tasks.evaluate import evaluate_task
 
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
     config = load_config(tiny_job_every_stage(tmp_path, tokenizer))
@@ -205,7 +205,7 @@ def test_the_general_stage_is_made_once_and_reused_by_another_output_folder(fini
 
 
 def _status(config) -> dict[str, str]:
-    from distill.pipeline import plan_pipeline
+    from distill.job.pipeline import plan_pipeline
 
     return {row["stage"]: row["action"] for row in plan_pipeline(config)}
 
@@ -274,7 +274,7 @@ def test_a_teacher_retrained_into_the_same_folder_reruns_what_reads_it(tmp_path,
 def test_the_general_cache_is_keyed_by_the_teachers_weights_not_its_path(tmp_path, tiny_tokenizer, monkeypatch):
     """Two projects each with a teacher saved as runs/teacher: two cache entries; the same teacher copied: one."""
     from distill.config import GeneralConfig
-    from distill.general import general_run_id
+    from distill.job.general import general_run_id
     from tests.conftest import tiny_bert
 
     corpus = tmp_path / "corpus.txt"
@@ -291,7 +291,7 @@ def test_the_general_cache_is_keyed_by_the_teachers_weights_not_its_path(tmp_pat
 
 
 def test_a_refused_run_leaves_a_finished_folder_as_it_was(finished_run):
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     config, out = finished_run
     saved = {path: path.read_bytes() for path in (out / "config.json", out / "report.json",

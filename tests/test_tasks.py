@@ -13,7 +13,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 import run_distill
 from conftest import BPE_CORPUS, tiny_bert, tiny_job, tiny_roberta
 from distill.config import StudentConfig, TaskConfig
-from distill.data import GLUE_TASKS, DataError, get_task, load_task_data, task_spec
+from distill.tasks.data import GLUE_TASKS, DataError, get_task, load_task_data, task_spec
 from glue_fixtures import write_glue_folder
 from teachers import ModelError, load_teacher
 
@@ -108,14 +108,14 @@ def test_a_class_under_1_percent_of_the_training_file_is_a_warning_naming_it(tmp
     (tmp_path / "dev.csv").write_text("text,answer\nc,yes\ne,no\n")
     config = TaskConfig(name="qa", train_file=str(tmp_path / "train.csv"), dev_file=str(tmp_path / "dev.csv"),
                         text_columns=["text"], label_column="answer")
-    with caplog.at_level("WARNING", logger="distill.data"):
+    with caplog.at_level("WARNING", logger="distill.tasks.data"):
         assert task_spec(config).label_names == ("maybe", "no", "yes")
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["task qa: label 'maybe' is on 1 of 121 training examples (under 1%): a typo? fix it, or set "
                         "task.label_names"]
     caplog.clear()
     (tmp_path / "train.csv").write_text("text,answer\n" + "a,yes\nb,no\n" * 40 + "c,maybe\n")  # 1 of 81: no warning
-    with caplog.at_level("WARNING", logger="distill.data"):
+    with caplog.at_level("WARNING", logger="distill.tasks.data"):
         task_spec(config)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 

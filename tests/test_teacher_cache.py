@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import DataCollatorWithPadding
 
-import distill.teacher_cache as teacher_cache
+import distill.method.teacher_cache as teacher_cache
 from distill.config import ConfigError, TrainConfig
-from distill.objective import DistillationObjective
-from distill.teacher_cache import (
+from distill.method.objective import DistillationObjective
+from distill.method.teacher_cache import (
     INDEX_COLUMN,
     CacheLayout,
     TeacherCache,
@@ -20,7 +20,7 @@ from distill.teacher_cache import (
     cache_bytes,
     with_cache_index,
 )
-from distill.trainer import train
+from distill.method.trainer import train
 from tests.conftest import tiny_bert
 
 TERMS = {"embedding": 1, "hidden": 1, "attention": 1}
@@ -215,8 +215,8 @@ def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_tok
     (C,) per example for a classifier, (T_i, C) per example for a per-token head."""
     from transformers import BertForTokenClassification
 
-    from distill.evaluate import predict
-    from distill.pipeline import with_teacher_logits
+    from distill.tasks.evaluate import predict
+    from distill.job.pipeline import with_teacher_logits
     from tests.conftest import tiny_bert_config
 
     data = _data().remove_columns("labels")

@@ -12,8 +12,8 @@ import torch
 from transformers import BertForTokenClassification
 
 from distill.config import TaskConfig, load_config
-from distill.data import DataError, TASKS, load_task_data, task_spec, tokenize
-from distill.evaluate import predict
+from distill.tasks.data import DataError, TASKS, load_task_data, task_spec, tokenize
+from distill.tasks.evaluate import predict
 from distill.tasks import get_task_type
 from distill.tasks.token_classification import (
     IGNORE,
@@ -147,7 +147,7 @@ def test_a_batch_with_no_scored_piece_is_a_zero_loss_not_a_lost_one():
     not stop training as a loss lost to rounding would."""
     from types import SimpleNamespace
 
-    from distill.terms import LOSS_TERMS, ModelOutputs, TeacherOutputs
+    from distill.method.terms import LOSS_TERMS, ModelOutputs, TeacherOutputs
 
     torch.manual_seed(0)
     student, teacher = torch.randn(2, 4, 3), torch.zeros(2, 4, 3)
@@ -275,7 +275,7 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
     task's with one line."""
     from transformers import pipeline as hf_pipeline
 
-    from distill.pipeline import run_pipeline
+    from distill.job.pipeline import run_pipeline
 
     data = tmp_path / "data"
     data.mkdir()
@@ -417,7 +417,7 @@ def test_a_tag_outside_a_named_tasks_tag_set_is_named_with_its_line_and_the_set_
 
 
 def test_iob1_tags_are_refused_with_where_and_how_to_convert(tmp_path):
-    from distill.data import load_task_data
+    from distill.tasks.data import load_task_data
 
     # IOB1 (the original CoNLL-2003 files): an entity after O starts with I- (B- only between two entities of one
     # type), which strict IOB2 scoring would drop.
@@ -460,12 +460,12 @@ def test_a_broken_tag_in_an_iob2_file_is_named_as_a_typo_not_as_iob1(tmp_path):
 
 @pytest.mark.parametrize("hard_label_weight, warned", [(1.0, True), (0.0, False)])
 def test_replacing_entity_words_with_a_hard_label_term_is_warned_of(hard_label_weight, warned, caplog):
-    from distill.preflight import preflight
+    from distill.job.preflight import preflight
 
     folder = shared_data("ner/wnut17")
     config = load_config("ner_minilm.yaml", {"task.data_dir": str(folder), "augment.replace_entities": True,
                                              "distill.hard_label_weight": hard_label_weight})
-    with caplog.at_level("WARNING", logger="distill.preflight"):
+    with caplog.at_level("WARNING", logger="distill.job.preflight"):
         preflight(config)
     assert ("augment.replace_entities with distill.hard_label_weight" in caplog.text) is warned
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import DataCollatorWithPadding
 
-from distill.checkpoint import CheckpointError
+from distill.method.checkpoint import CheckpointError
 from distill.config import ConfigError, TrainConfig
-from distill.objective import DistillationObjective, ModelLossObjective
-from distill.trainer import EpochBatchSampler, NonFiniteLossError, example_lengths, train
+from distill.method.objective import DistillationObjective, ModelLossObjective
+from distill.method.trainer import EpochBatchSampler, NonFiniteLossError, example_lengths, train
 from tests.conftest import tiny_bert
 
 
@@ -149,7 +149,7 @@ def test_every_checkpoint_corrupt_is_an_error_that_says_how_to_restart(tmp_path,
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
     import errno
 
-    import distill.checkpoint as checkpoint
+    import distill.method.checkpoint as checkpoint
 
     config = TrainConfig(max_steps=4, batch_size=4, save_steps=1, log_steps=1)
     calls = {"n": 0}
@@ -178,8 +178,8 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, t
 def test_checkpoints_are_kept_and_found_in_step_order_past_six_digits(tmp_path):
     """step-1000000 is newer than step-999000 though it sorts before it as text: the newest is resumed from and
     kept, the oldest pruned."""
-    from distill.checkpoint import latest_checkpoint, save_checkpoint
-    from distill.trainer import TrainState
+    from distill.method.checkpoint import latest_checkpoint, save_checkpoint
+    from distill.method.trainer import TrainState
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -212,7 +212,7 @@ def _sigterm_in_step(step: int):
 def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes_exactly(tmp_path, tiny_tokenizer):
     import signal
 
-    from distill.trainer import TrainingInterrupted
+    from distill.method.trainer import TrainingInterrupted
 
     config = TrainConfig(max_steps=8, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=5)
     reference = _distill_objective()
@@ -235,7 +235,7 @@ def test_a_signal_in_the_last_step_stops_the_job_rather_than_being_lost(tmp_path
     not let the caller go on to the next stage; a re-run finds every step done and returns the same weights."""
     import signal
 
-    from distill.trainer import TrainingInterrupted
+    from distill.method.trainer import TrainingInterrupted
 
     config = TrainConfig(max_steps=4, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=5)
     reference = _distill_objective()
@@ -288,7 +288,7 @@ def test_fp16_loss_scaling_skips_a_step_whose_gradients_overflowed(tmp_path, tin
     weights."""
     from accelerate import Accelerator
 
-    from distill.trainer import _allow_new_mixed_precision
+    from distill.method.trainer import _allow_new_mixed_precision
 
     common = dict(max_steps=2, batch_size=4, learning_rate=1e-3, log_steps=1, warmup_ratio=0.0)
     reference = _distill_objective()
@@ -329,7 +329,7 @@ def test_fp16_resume_restores_the_loss_scale(tmp_path, tiny_tokenizer):
     difference visible: 1024 doubled four times."""
     from accelerate import Accelerator
 
-    from distill.trainer import TrainingInterrupted, _allow_new_mixed_precision
+    from distill.method.trainer import TrainingInterrupted, _allow_new_mixed_precision
 
     def fp16_accelerator():
         _allow_new_mixed_precision("fp16")
@@ -375,7 +375,7 @@ def test_bf16_mixed_precision_runs_the_step_in_bf16(tmp_path, tiny_tokenizer):
 def test_a_term_exactly_zero_while_its_inputs_differ_stops_training(tmp_path, tiny_tokenizer, monkeypatch):
     """The check behind fp16's silent failure (a count that overflows to inf makes a loss exactly 0): a term that is
     0.0 while the values it compares differ stops training, naming the term and the step."""
-    from distill.terms import LOSS_TERMS, TermValue
+    from distill.method.terms import LOSS_TERMS, TermValue
 
     real = LOSS_TERMS["attention"]
 
@@ -401,7 +401,7 @@ def test_a_term_exactly_zero_because_student_equals_teacher_trains_on(tmp_path, 
 
 
 def test_min_steps_gives_a_small_data_set_more_epochs():
-    from distill.trainer import total_steps
+    from distill.method.trainer import total_steps
 
     assert total_steps(TrainConfig(num_epochs=2, batch_size=10), 100) == 20
     assert total_steps(TrainConfig(num_epochs=2, batch_size=10, min_steps=50), 100) == 50  # 5 epochs
@@ -414,7 +414,7 @@ def _selection_objective():
 
 
 def test_selection_ends_with_the_best_scored_weights_not_the_last(tmp_path, tiny_tokenizer):
-    from distill.trainer import Selection
+    from distill.method.trainer import Selection
 
     objective = _selection_objective()
     scores, snapshots = iter([0.5, 0.9, 0.7]), []
@@ -436,7 +436,7 @@ def test_selection_ends_with_the_best_scored_weights_not_the_last(tmp_path, tiny
 
 def test_selection_resumes_to_the_same_best_weights(tmp_path, tiny_tokenizer):
     """Killed between evaluations and resumed, training keeps the same evaluations and ends with the same weights."""
-    from distill.trainer import Selection
+    from distill.method.trainer import Selection
 
     def run(folder, objective, fail_after=None):
         score = lambda: float(objective.trainable["model"].classifier.weight.sum())  # noqa: E731
@@ -482,7 +482,7 @@ def test_grouped_batches_visit_every_example_once_with_far_less_padding():
 
 
 def test_grouped_batches_are_sorted_within_groups_of_the_shuffle(monkeypatch):
-    monkeypatch.setattr("distill.trainer.LENGTH_GROUP_BATCHES", 2)  # groups of 2 batches: 10 examples here
+    monkeypatch.setattr("distill.method.trainer.LENGTH_GROUP_BATCHES", 2)  # groups of 2 batches: 10 examples here
     lengths = _varied_lengths(47, seed=2)
     batches = EpochBatchSampler(47, 5, seed=1, lengths=lengths).global_batches(0)
     order = torch.randperm(47, generator=torch.Generator().manual_seed(1000)).tolist()
@@ -576,7 +576,7 @@ def test_grouping_needs_token_ids_to_measure(tmp_path, tiny_tokenizer):
 def test_prefetched_batches_come_in_order_and_errors_and_early_stops_reach_the_training_thread():
     import threading
 
-    from distill.trainer import prefetched
+    from distill.method.trainer import prefetched
 
     batches = [{"x": torch.full((2,), float(i))} for i in range(7)]
     assert [b["x"][0].item() for b in prefetched(iter(batches), depth=2)] == list(range(7))
@@ -615,7 +615,7 @@ def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(t
                                                                               monkeypatch):
     """On an accelerator the terms are read every ``log_steps`` steps (one host synchronisation, not one a step): a
     loss that turns NaN at step 3 is named as step 3 when read at step 4, before step 4's checkpoint is written."""
-    import distill.trainer as trainer
+    import distill.method.trainer as trainer
 
     monkeypatch.setattr(trainer, "check_interval", lambda device, config: 4)
     objective = _distill_objective()
@@ -641,7 +641,7 @@ def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(t
 def test_a_folder_another_process_moved_aside_first_is_not_an_error(tmp_path, monkeypatch):
     """The old run's folder is gone between reading its run ids and moving it aside (moved by another): not an
     error; nothing is moved and the stage runs."""
-    from distill import checkpoint
+    from distill.method import checkpoint
 
     folder = tmp_path / "student"
     monkeypatch.setattr(checkpoint, "folder_run_ids", lambda directory: {"old-run"})  # read before the move ...

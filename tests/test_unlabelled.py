@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from distill.config import ConfigError, TaskConfig, load_config, with_overrides
-from distill.corpus import sample_lines
-from distill.data import DataError, task_spec
-from distill.pipeline import with_unlabelled
-from distill.preflight import check_unlabelled, preflight
-from distill.stages import STAGES
+from distill.job.corpus import sample_lines
+from distill.tasks.data import DataError, task_spec
+from distill.job.pipeline import with_unlabelled
+from distill.job.preflight import check_unlabelled, preflight
+from distill.job.stages import STAGES
 from distill.tasks.token_classification import IGNORE
 from tests.test_token_classification import TAGS, write_conll
 
@@ -143,7 +143,7 @@ def test_the_augmented_run_id_reads_the_unlabelled_texts_bytes_and_is_unchanged_
 def test_the_pipeline_distils_on_unlabelled_rows_and_the_card_says_so(tmp_path, tiny_tokenizer):
     """The tiny every-stage job (general stage off) with unlabelled text: the augmented stage records the rows it
     added, the teacher's logits cover them, the student trains on them and its card names the text."""
-    from distill.pipeline import run_pipeline
+    from distill.job.pipeline import run_pipeline
     from tests.conftest import tiny_job_every_stage
 
     path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
@@ -169,7 +169,7 @@ def test_the_pipeline_distils_on_unlabelled_rows_and_the_card_says_so(tmp_path, 
 def test_unlabelled_text_without_augmented_copies_runs_no_masked_lm(tmp_path, tiny_tokenizer):
     """``augment.num_copies: 0`` with unlabelled text: the set is the training examples and the text's sentences; no
     masked LM is adapted or run (the plan says why), and no example is augmented."""
-    from distill.pipeline import plan_pipeline, run_pipeline
+    from distill.job.pipeline import plan_pipeline, run_pipeline
     from tests.conftest import tiny_job_every_stage
 
     path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
@@ -195,7 +195,7 @@ def test_unlabelled_text_without_augmented_copies_runs_no_masked_lm(tmp_path, ti
 def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tokenizer):
     """``augment.max_rows`` no larger than the training set leaves no room for copies: no masked LM is adapted, every
     example is kept unaugmented, and the augmented stage has the run id the plan (which reads no data) printed."""
-    from distill.pipeline import plan_markdown, plan_pipeline, run_pipeline
+    from distill.job.pipeline import plan_markdown, plan_pipeline, run_pipeline
     from tests.conftest import tiny_job_every_stage
 
     path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))
@@ -226,7 +226,7 @@ def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tok
 def test_a_masked_lm_budget_too_small_for_one_example_runs_no_masked_lm(tmp_path, tiny_tokenizer, caplog):
     """``augment.max_mlm_words`` below the first example's masked-LM work leaves no example to augment: no masked LM
     is adapted for nothing, every example is kept as it is, and the log says which budget left no room."""
-    from distill.pipeline import run_pipeline
+    from distill.job.pipeline import run_pipeline
     from tests.conftest import tiny_job_every_stage
 
     path = Path(tiny_job_every_stage(tmp_path, tiny_tokenizer))

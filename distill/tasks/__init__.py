@@ -1,6 +1,6 @@
 """Task types: what a kind of task is, in one place that the rest of the code asks.
 
-A task (:class:`distill.data.TaskSpec`: SST-2, MRPC, WNUT-17, a user's files) has a task type that says how its data
+A task (:class:`distill.tasks.data.TaskSpec`: SST-2, MRPC, WNUT-17, a user's files) has a task type that says how its data
 read and tokenise, which `transformers` head the teacher and the student carry, how a batch is padded, what the
 prediction step's loss is, how its outputs are scored and what a model that learnt nothing scores, what augmentation
 may change, and how the model card and ``pipeline()`` name it. The stages, the training loop and the objective never
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerBase
 
-    from distill.data import TaskSpec
+    from distill.tasks.data import TaskSpec
 
 
 class TaskType:
-    """The interface of a task type (every method takes the task's :class:`~distill.data.TaskSpec` where it needs
+    """The interface of a task type (every method takes the task's :class:`~distill.tasks.data.TaskSpec` where it needs
     it). Shapes: N examples, B batch, T tokens, C labels."""
 
     name: str = ""
@@ -62,7 +62,7 @@ class TaskType:
         raise NotImplementedError
 
     def compute_metrics(self, spec: "TaskSpec", outputs: Any, labels: Any) -> dict[str, float]:
-        """The task's metrics (``spec.metrics``) from the outputs :func:`distill.evaluate.predict` returns."""
+        """The task's metrics (``spec.metrics``) from the outputs :func:`distill.tasks.evaluate.predict` returns."""
         raise NotImplementedError
 
     def prediction_loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None,
@@ -143,22 +143,22 @@ class SequenceClassification(TaskType):
         return AutoModelForSequenceClassification
 
     def read_split(self, path, spec):
-        from distill.data import read_glue_tsv
+        from distill.tasks.data import read_glue_tsv
 
         return read_glue_tsv(path, spec)
 
     def user_spec(self, config):
-        from distill.data import sequence_user_spec
+        from distill.tasks.data import sequence_user_spec
 
         return sequence_user_spec(config)
 
     def read_user_split(self, path, spec, split="train"):
-        from distill.data import DEV_SPLITS, read_user_table
+        from distill.tasks.data import DEV_SPLITS, read_user_table
 
         return read_user_table(path, spec, "train" if split == "train" else DEV_SPLITS)
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
-        from distill.data import tokenize_texts
+        from distill.tasks.data import tokenize_texts
 
         return tokenize_texts(dataset, tokenizer, spec, max_seq_length)
 
@@ -168,13 +168,13 @@ class SequenceClassification(TaskType):
         return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
     def compute_metrics(self, spec, outputs, labels):
-        from distill.evaluate import sequence_metrics
+        from distill.tasks.evaluate import sequence_metrics
 
         return sequence_metrics(spec, np.asarray(outputs), np.asarray(labels))
 
     def prediction_loss(self, student_logits, teacher_logits, labels, *, temperature, temperature_squared,
                         hard_label_weight, regression, batch=None):
-        from distill.losses import prediction_loss
+        from distill.method.losses import prediction_loss
 
         return prediction_loss(student_logits, teacher_logits, temperature, temperature_squared, regression, labels,
                                hard_label_weight)

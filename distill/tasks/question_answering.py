@@ -9,7 +9,7 @@ none), the context and the gold answers. A feature whose window does not hold th
 point at [CLS] (position 0), the usual convention.
 
 The model's two outputs are stacked into one (B, T, 2) tensor, so the rest of the code (teacher-logit cache, padding,
-ONNX checks) treats them like per-token logits with two columns (:func:`distill.capture.head_logits`).
+ONNX checks) treats them like per-token logits with two columns (:func:`distill.method.capture.head_logits`).
 
 The prediction loss is soft cross-entropy over start positions and over end positions (TinyBERT Eq. 10 applied to
 each), averaged: (L_start + L_end) / 2, the scale of the model's own QA loss. Both softmaxes run over the positions
@@ -79,7 +79,7 @@ def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
             answer's text is not at its ``answer_start`` in the context; the message names the file's line (and the
             character of a file of one line, as the official files are) and the question's id.
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     path = Path(path)
     if not path.is_file():
@@ -163,7 +163,7 @@ def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizer
         DataError: a slow tokenizer (no offsets), or ``max_seq_length`` too short to hold the special tokens, one
             question piece and more than ``doc_stride`` context pieces.
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     if not tokenizer.is_fast:
         raise DataError(f"question answering needs a fast tokenizer (offset mapping); {type(tokenizer).__name__} is "
@@ -395,12 +395,12 @@ class QuestionAnsweringCollator:
 
 
 def squad_spec(config):
-    """The :class:`~distill.data.TaskSpec` of a user's SQuAD-layout files (``task.train_file``, ``dev_file``).
+    """The :class:`~distill.tasks.data.TaskSpec` of a user's SQuAD-layout files (``task.train_file``, ``dev_file``).
 
     Raises:
         DataError: no dev file, or metrics other than ``f1`` / ``exact_match``.
     """
-    from distill.data import DataError, TaskSpec
+    from distill.tasks.data import DataError, TaskSpec
 
     if not config.dev_file:
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
@@ -444,7 +444,7 @@ class QuestionAnswerer:
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
         from distill.device import model_device
-        from distill.export import OnnxClassifier
+        from distill.publish.export import OnnxClassifier
 
         if isinstance(model, (str, Path)):
             path, what = Path(model), str(model)
@@ -465,7 +465,7 @@ class QuestionAnswerer:
         self.device = torch.device(device) if device is not None else (model_device(model) or torch.device("cpu"))
 
     def __call__(self, question: str | list[str], context: str | list[str]) -> dict | list[dict]:
-        from distill.evaluate import predict
+        from distill.tasks.evaluate import predict
         from distill.logs import no_progress_bars
 
         single = isinstance(question, str)
@@ -530,7 +530,7 @@ def saved_windows(folder: Path) -> dict | None:
 
 def _trained_length(folder: Path) -> int | None:
     """The ``task.max_seq_length`` of the pipeline run whose student (or its ``onnx/``) ``folder`` is, else None."""
-    from distill.export import pipeline_folder_of
+    from distill.publish.export import pipeline_folder_of
 
     for candidate in (folder, folder.parent):
         run = pipeline_folder_of(candidate)

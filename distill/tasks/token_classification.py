@@ -60,7 +60,7 @@ def parse_conll(path: str | Path) -> list[TaggedSentence]:
         DataError: the file is missing, not UTF-8 or holds no sentence; a line has one column only, or another number
             of columns than the file's (the message names the file, the line and the fix).
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     path = Path(path)
     if not path.is_file():
@@ -135,7 +135,7 @@ def check_tags(sentences: list[TaggedSentence], label_names: tuple[str, ...], pa
     Raises:
         DataError: the first tag (in file order) that is not, with its file, line and ``fix``.
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     ids = {name: i for i, name in enumerate(label_names)}
     for sentence in sentences:
@@ -168,7 +168,7 @@ def check_tag_counts(sentences: list[TaggedSentence], path: str | Path) -> None:
     Raises:
         DataError: the first such tag in file order, with its line, how often it is seen and the likely intended tag.
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     counts: Counter = Counter()
     types: Counter = Counter()
@@ -226,7 +226,7 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
     Raises:
         DataError: the tokenizer is not a fast one (no ``word_ids``), which alignment needs.
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     if not tokenizer.is_fast:
         raise DataError(f"token classification needs a fast tokenizer (word_ids); {type(tokenizer).__name__} is not "
@@ -424,7 +424,7 @@ def read_tagged_sentences(path: str | Path, spec) -> list[TaggedSentence]:
         DataError: see :func:`parse_conll`; for JSONL, missing columns, word and tag lists of other lengths, an id
             outside the tag set or ids without ``label_names``.
     """
-    from distill.data import DataError, read_table, require_columns
+    from distill.tasks.data import DataError, read_table, require_columns
 
     path = Path(path)
     if path.suffix not in JSON_SUFFIXES:
@@ -468,7 +468,7 @@ def check_iob2(tags: list[list[str]], where: list[list[str]], path: str | Path) 
     Raises:
         DataError: the first tag that breaks IOB2, with its file and line and the fix for this file.
     """
-    from distill.data import DataError
+    from distill.tasks.data import DataError
 
     broken, starts_with_b, starts_with_i = None, 0, 0
     for sentence, places in zip(tags, where):
@@ -496,7 +496,7 @@ def check_iob2(tags: list[list[str]], where: list[list[str]], path: str | Path) 
 
 
 def user_spec(config):
-    """The :class:`~distill.data.TaskSpec` of a user's token-classification files (``task.train_file``,
+    """The :class:`~distill.tasks.data.TaskSpec` of a user's token-classification files (``task.train_file``,
     ``dev_file``; ``text_columns`` [word-list column] and ``label_column`` for JSONL). Without ``label_names`` the
     tags are those of the training file (:func:`tag_order`), refused where they look like typos
     (:func:`check_tag_counts`).
@@ -505,7 +505,7 @@ def user_spec(config):
         DataError: no dev file; JSONL tags given as ids without ``label_names``; a rare or near-duplicate tag in the
             training file, or dev tags the training file lacks (each with its line); tags that are not BIO.
     """
-    from distill.data import DataError, TaskSpec
+    from distill.tasks.data import DataError, TaskSpec
 
     if not config.dev_file:
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")

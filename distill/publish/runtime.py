@@ -1,6 +1,6 @@
 """What a benchmark row or an exported student runs on besides the PyTorch model: an ONNX Runtime session with a
 model's calling convention, and PyTorch's dynamic int8 quantization. Light to import (no data or training code), so
-that a fresh process measuring a row's memory (:mod:`distill.memory`) starts in the time torch takes to import.
+that a fresh process measuring a row's memory (:mod:`distill.publish.memory`) starts in the time torch takes to import.
 """
 
 from __future__ import annotations

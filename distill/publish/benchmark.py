@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-from distill.checkpoint import write_json_atomic
+from distill.method.checkpoint import write_json_atomic
 from distill.config import BenchmarkConfig
-from distill.data import TaskSpec, tokenize
+from distill.tasks.data import TaskSpec, tokenize
 from distill.device import is_accelerator, run_device, synchronize, torch_threads
-from distill.evaluate import compute_metrics, predict
-from distill.export import (
+from distill.tasks.evaluate import compute_metrics, predict
+from distill.publish.export import (
     FILES,
     ONNX_FOLDER,
     OnnxClassifier,
@@ -56,8 +56,8 @@ from distill.export import (
     quantize_torch,
     reusable_export,
 )
-from distill.memory import memory_worker
-from distill.report import count_parameters, latency_summary, size_mb
+from distill.publish.memory import memory_worker
+from distill.publish.report import count_parameters, latency_summary, size_mb
 from distill.tasks import check_model_head, load_head_model
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from distill.config import TaskConfig
 
 logger = logging.getLogger(__name__)
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 class DataError(ValueError):

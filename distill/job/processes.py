@@ -1,7 +1,7 @@
 """Who writes a stage's files under a multi-process launch (``accelerate launch``, ``torchrun``).
 
-Every process of such a job runs the same code. Training is split across the processes (DDP, :mod:`distill.trainer`),
-and so is augmentation, shard by shard (each process writes its own shards: :func:`distill.pipeline.augment_stage`).
+Every process of such a job runs the same code. Training is split across the processes (DDP, :mod:`distill.method.trainer`),
+and so is augmentation, shard by shard (each process writes its own shards: :func:`distill.job.pipeline.augment_stage`).
 The rest of a stage's work is not: evaluating a given teacher, computing the teacher's logits or outputs once, saving a
 trained model, evaluating it and writing the stage's record. That work is done by the main process alone
 (:func:`on_main`), and every other process waits for the record it writes (``stage.json``, written last), then reads
@@ -31,7 +31,7 @@ from typing import Any, Callable, TypeVar
 
 import psutil
 
-from distill.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
+from distill.method.checkpoint import STAGE_FILE, CheckpointError, is_main_process, write_json_atomic
 
 __all__ = ["FAILED_FILE", "ProcessFailedError", "failure_marked", "from_this_launch", "is_main_process",
            "launch_marker", "on_main", "recorded", "several_processes", "wait_for"]
@@ -131,7 +131,7 @@ def on_main(folder: Path, run_id: str, make: Callable[[], Any]) -> dict:
     """Run ``make`` in the main process alone; every process returns the stage's record as stored.
 
     ``make`` must finish the stage: write every file of it, then its record, ``<folder>/stage.json`` under ``run_id``
-    (:func:`distill.checkpoint.mark_stage_done`); when the stage is finished already, it may just return. The other
+    (:func:`distill.method.checkpoint.mark_stage_done`); when the stage is finished already, it may just return. The other
     processes wait until that record is there (:func:`wait_for`), or until the main process records that ``make``
     failed.
 

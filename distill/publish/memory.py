@@ -1,4 +1,4 @@
-"""Peak inference memory of one benchmark row, measured in a fresh process (:func:`distill.benchmark.peak_memory`
+"""Peak inference memory of one benchmark row, measured in a fresh process (:func:`distill.publish.benchmark.peak_memory`
 starts it). This module imports only what loading and running a row needs (torch, transformers, ONNX Runtime), not
 the data or training code, so that each row's process starts in a few seconds.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from distill.runtime import OnnxClassifier, quantize_torch
+from distill.publish.runtime import OnnxClassifier, quantize_torch
 from distill.tasks import load_head_model
 
 

@@ -1,12 +1,12 @@
 """The registry of distillation loss terms: each term is defined once, here, and everything else reads it.
 
 A :class:`LossTerm` names a term, the step it belongs to, what it reads from the teacher's outputs (per layer map)
-and the function that computes it from the student's and teacher's :class:`~distill.capture.ModelOutputs`. Config
+and the function that computes it from the student's and teacher's :class:`~distill.method.capture.ModelOutputs`. Config
 validation (``distill.weights`` keys), the objective, the pipeline (which terms make an intermediate step) and the
 docs take the list of terms from :data:`LOSS_TERMS`.
 
 The teacher's outputs are made for one step and then dropped, so the squared-error losses may write into them instead
-of allocating a (B, A, T, T) buffer per layer (see :func:`distill.losses.squared_error_sum`). That is safe only for
+of allocating a (B, A, T, T) buffer per layer (see :func:`distill.method.losses.squared_error_sum`). That is safe only for
 the last reader of a buffer. :class:`TeacherOutputs` hands buffers to the terms and decides: it counts every term's
 declared reads before the step and lets a buffer be consumed only by its last declared reader; after the terms it is
 closed, so nothing can read a consumed buffer by mistake.
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from distill.capture import ModelOutputs
-from distill.losses import attention_error, hidden_error, relation_error, teacher_variation
+from distill.method.capture import ModelOutputs
+from distill.method.losses import attention_error, hidden_error, relation_error, teacher_variation
 
 if TYPE_CHECKING:
-    from distill.objective import DistillationObjective
+    from distill.method.objective import DistillationObjective
 
 # A teacher buffer: ("hidden_states", l) for layer l (0: embeddings), ("attentions", l) for layer l's scores and
 # ("qkv", l) for its query/key/value projections (1-based, as the layer map), ("logits", 0).

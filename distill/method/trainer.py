@@ -40,7 +40,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from safetensors.torch import load_file
 
-from distill.checkpoint import (
+from distill.method.checkpoint import (
     CheckpointError,
     load_latest_good_checkpoint,
     save_checkpoint,

@@ -14,8 +14,8 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from distill.config import PipelineConfig, StudentConfig, TrainConfig
-from distill.data import TaskSpec
-from distill.report import chance_note
+from distill.tasks.data import TaskSpec
+from distill.publish.report import chance_note
 from students import RELATIVE_PRESETS, student_shape
 from teachers.assets import HUB_IDS
 
@@ -139,10 +139,10 @@ def ran_weights(config: PipelineConfig, step1: dict, step2: dict | None = None) 
     """The loss terms that ran, with their weights: from the steps' records (``weights``), or, for records written
     before they held them, as the steps choose them (the intermediate terms weighted above 0, none when the step was
     skipped; the prediction term at its weight, and the gold-label term ``hard_label`` when it ran: see
-    :func:`distill.objective.prediction_terms`). A record that predates the ``hard_label`` entry gets it from the
+    :func:`distill.method.objective.prediction_terms`). A record that predates the ``hard_label`` entry gets it from the
     config: the student's run id includes that weight, so the config of a finished run says what ran. The record wins
     where it has an entry."""
-    from distill.objective import intermediate_terms, prediction_terms
+    from distill.method.objective import intermediate_terms, prediction_terms
 
     first = step1.get("weights")
     if first is None:
@@ -239,7 +239,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
         recipe: lines saying how it was made (stages, layer map, losses, augmentation, steps).
         command: the command that made it.
         export: the ``onnx/export.json`` record, when the folder has ONNX files.
-        data: the run's :class:`~distill.data.DataSource` as a dict with its ``description``: the hub dataset is
+        data: the run's :class:`~distill.tasks.data.DataSource` as a dict with its ``description``: the hub dataset is
             named in the metadata only when the data came from it (or is the bundled copy of its dev set), with the
             subset ``task.max_eval_examples`` took. None: the dev set is named by the task only.
         chance: :func:`teachers.finetune.chance`'s record: a teacher or student at or near chance gets "n/a" and why

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from distill.capture import head_logits
-from distill.checkpoint import write_json_atomic
-from distill.data import TaskSpec, tokenize
-from distill.evaluate import compute_metrics, predict
-from distill.runtime import OnnxClassifier, quantize_torch  # noqa: F401  (also imported from here)
+from distill.method.capture import head_logits
+from distill.method.checkpoint import write_json_atomic
+from distill.tasks.data import TaskSpec, tokenize
+from distill.tasks.evaluate import compute_metrics, predict
+from distill.publish.runtime import OnnxClassifier, quantize_torch  # noqa: F401  (also imported from here)
 from distill.tasks import check_model_head, record_serving
 
 logger = logging.getLogger(__name__)

@@ -19,12 +19,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import DataCollatorWithPadding
 
-from distill.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started
-from distill.data import TaskSpec, collator, tokenize
-from distill.evaluate import evaluate_task
-from distill.layer_map import build_layer_map
-from distill.processes import on_main
-from distill.stages import STAGES
+from distill.method.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started
+from distill.tasks.data import TaskSpec, collator, tokenize
+from distill.tasks.evaluate import evaluate_task
+from distill.method.layer_map import build_layer_map
+from distill.job.processes import on_main
+from distill.job.stages import STAGES
 from students import student_shape
 from students.build import student_config
 from students.pruning import compute_importance, Importance, plan_pruning, prune_model, select_layers

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from distill.checkpoint import is_main_process, output_lock, write_json_atomic
+from distill.method.checkpoint import is_main_process, output_lock, write_json_atomic
 from distill.config import ConfigError, PipelineConfig, with_overrides
-from distill.pipeline import run_pipeline
-from distill.processes import several_processes
-from distill.report import task_seconds
+from distill.job.pipeline import run_pipeline
+from distill.job.processes import several_processes
+from distill.publish.report import task_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
     Args:
         config: the job; its ``output_dir`` holds one folder per seed and the summary.
         seeds: distinct seeds, e.g. ``[42, 43, 44]`` (42 is every stage's default, so its run is the plain job's).
-        device: as :func:`distill.pipeline.run_pipeline`.
+        device: as :func:`distill.job.pipeline.run_pipeline`.
         command: the command line, for the summary (each seed's model card gets the command that reruns that seed).
 
     Returns:
@@ -118,7 +118,7 @@ def summarize(reports: dict[int, dict]) -> dict:
     """Per seed and over seeds: teacher and student dev metrics, retained (student / teacher, per seed), task wall time.
 
     Args:
-        reports: {seed: the report :func:`distill.pipeline.run_pipeline` returns}.
+        reports: {seed: the report :func:`distill.job.pipeline.run_pipeline` returns}.
 
     Returns:
         {"seeds": [...], "metrics": [names, primary first], "runs": [{"seed", "teacher": {metric: value},

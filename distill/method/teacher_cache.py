@@ -7,7 +7,7 @@ the teacher's forward pass. With ``distill.teacher_cache`` set to a storage dtyp
 the training set once (a stage of its own, ``teacher_outputs/``) and every epoch reads its outputs from disk instead.
 
 What is stored, per training example and unpadded (its ``T_i`` real tokens), are the buffers the step's loss terms
-declare (:attr:`distill.terms.LossTerm.teacher_reads`): hidden states ``(T_i, H)`` of the embedding output and of
+declare (:attr:`distill.method.terms.LossTerm.teacher_reads`): hidden states ``(T_i, H)`` of the embedding output and of
 the mapped layers, pre-softmax attention scores ``(A, T_i, T_i)`` of the mapped layers, and the query, key and value
 projections ``(T_i, H)`` each of the layer the relation term reads; in the chosen dtype. Nothing else (no logits: the
 prediction step has its own cache).
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distill.capture import ModelOutputs, run_model
-from distill.checkpoint import (folder_run_ids, mark_stage_done, mark_stage_started, stage_done, write_atomic,
+from distill.method.capture import ModelOutputs, run_model
+from distill.method.checkpoint import (folder_run_ids, mark_stage_done, mark_stage_started, stage_done, write_atomic,
                                write_json_atomic)
 from distill.config import ConfigError
 
@@ -152,7 +152,7 @@ def _shard_paths(folder: Path, index: int) -> tuple[Path, Path]:
 
 
 def _example_lengths(dataset) -> list[int]:
-    from distill.trainer import example_lengths  # tokens per example, read from the Arrow column
+    from distill.method.trainer import example_lengths  # tokens per example, read from the Arrow column
 
     return example_lengths(dataset)
 
@@ -168,7 +168,7 @@ def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[
 
     Args:
         teacher: the frozen teacher with score capture enabled at the layers ``layout`` reads (the
-            :class:`~distill.objective.DistillationObjective` enables it), on ``device``.
+            :class:`~distill.method.objective.DistillationObjective` enables it), on ``device``.
         dataset: the tokenized training set (``input_ids`` per example), in the step's order.
         collate_fn: the step's collator (pads a list of examples into model inputs).
         layout: what to store.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from distill.checkpoint import write_json_atomic
+from distill.method.checkpoint import write_json_atomic
 from distill.config import METRICS, ReportConfig, to_dict
 from distill.device import synchronize, torch_threads
 from teachers.finetune import CHANCE_MARGIN
@@ -202,7 +202,7 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         stages: :func:`stage_seconds`.
         chance: :func:`teachers.finetune.chance`'s record: a model at or near chance gets no retained share
             (``metric_retained`` None) but a ``retained_note`` saying why.
-        run: {"task", "data" (a :class:`distill.data.DataSource` as a dict, with "description"), "config" (path)}.
+        run: {"task", "data" (a :class:`distill.tasks.data.DataSource` as a dict, with "description"), "config" (path)}.
         timed: {"key": :func:`timing_key`, "timed_at": ISO time, "reused": bool}: when and under what the latency was
             measured.
 

@@ -2,7 +2,7 @@
 
 Every stage writes its own folder under ``output_dir`` and a ``stage.json`` marker when it is complete; a complete
 stage is skipped on re-run, an interrupted one resumes from its last checkpoint or shard. Each stage's run id is
-derived from the config fields it declares and its inputs' run ids (:mod:`distill.stages`), and its code reads the
+derived from the config fields it declares and its inputs' run ids (:mod:`distill.job.stages`), and its code reads the
 config through a view that allows those fields only. A folder holding the output of another run id (the config of
 that stage, or of a stage before it, changed) is moved to ``superseded/`` and the stage is run again; stages whose
 run id did not change are reused.
@@ -39,8 +39,8 @@ from augment import (
     shard_folders,
 )
 from augment.dataset import masked_lm_words
-from distill.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
-from distill.checkpoint import (
+from distill.publish.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
+from distill.method.checkpoint import (
     finished_or_superseded,
     mark_stage_done,
     mark_stage_started,
@@ -57,8 +57,8 @@ from distill.config import (
     with_absolute_paths,
     with_overrides,
 )
-from distill.corpus import sample_lines
-from distill.data import (
+from distill.job.corpus import sample_lines
+from distill.tasks.data import (
     ASSETS,
     DataError,
     DataSource,
@@ -69,9 +69,9 @@ from distill.data import (
     tokenize,
 )
 from distill.device import is_accelerator, run_device
-from distill.evaluate import evaluate_task, predict
-from distill.export import export_student
-from distill.general import (
+from distill.tasks.evaluate import evaluate_task, predict
+from distill.publish.export import export_student
+from distill.job.general import (
     PROJECTIONS_FILE,
     cache_folder,
     exclusive,
@@ -80,12 +80,12 @@ from distill.general import (
     run_general_distillation,
     save_projections,
 )
-from distill.layer_map import build_layer_map
-from distill.objective import DistillationObjective, intermediate_terms, prediction_terms
-from distill.preflight import preflight
-from distill.pruned import init_projections, kept_channels, pruned_stage
-from distill.processes import failure_marked, is_main_process, on_main, several_processes, wait_for
-from distill.report import (
+from distill.method.layer_map import build_layer_map
+from distill.method.objective import DistillationObjective, intermediate_terms, prediction_terms
+from distill.job.preflight import preflight
+from distill.job.pruned import init_projections, kept_channels, pruned_stage
+from distill.job.processes import failure_marked, is_main_process, on_main, several_processes, wait_for
+from distill.publish.report import (
     build_report,
     count_parameters,
     size_mb,
@@ -95,11 +95,11 @@ from distill.report import (
     timing_key,
     write_report,
 )
-from distill.stages import STAGES, ConfigView
+from distill.job.stages import STAGES, ConfigView
 from distill.tasks import record_serving
-from distill.teacher_cache import CacheLayout, TeacherCache, build_teacher_cache, storage_dtype, with_cache_index
-from distill.terms import teacher_reads
-from distill.trainer import train
+from distill.method.teacher_cache import CacheLayout, TeacherCache, build_teacher_cache, storage_dtype, with_cache_index
+from distill.method.terms import teacher_reads
+from distill.method.trainer import train
 from students import build_student, student_shape
 from teachers import (
     adapt_mlm,
@@ -264,7 +264,7 @@ def num_augmented(train_data: datasets.Dataset) -> int:
 
 def _recipe(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, general: dict, step1: dict,
             train_data: datasets.Dataset, step2: dict) -> list[str]:
-    """The card's recipe lines (:func:`distill.card.recipe_lines`) with the counts read from the distillation set."""
+    """The card's recipe lines (:func:`distill.publish.card.recipe_lines`) with the counts read from the distillation set."""
     return recipe_lines(config, teacher_record, general, step1, len(train_data), step2,
                         num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
                         regression=spec.is_regression)
@@ -291,7 +291,7 @@ def dev_texts(data: datasets.DatasetDict, spec: TaskSpec) -> set[str]:
 def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: TaskSpec, folder: Path,
                     exclude: set[str] = frozenset()) -> datasets.Dataset:
     """The augmented set and, with ``augment.unlabelled``, sentences of that text drawn at random
-    (:func:`distill.corpus.sample_lines`, seeded by ``augment.seed``; none of ``exclude``, the dev texts) to fill the
+    (:func:`distill.job.corpus.sample_lines`, seeded by ``augment.seed``; none of ``exclude``, the dev texts) to fill the
     room ``augment.max_rows`` leaves:
     rows of the task's columns (:meth:`~distill.tasks.TaskType.unlabelled_rows`) with ``source_index`` -1, a
     placeholder label, and the teacher's logits as their only target (a transfer set, as in Hinton et al., 2015,
@@ -321,7 +321,7 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
 
 def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> dict:
     """General distillation for this job's teacher encoder and student shape (TinyBERT §3.4), made once in the cache
-    (:func:`distill.general.cache_folder`) and reused by every task and output folder; the intermediate step starts
+    (:func:`distill.job.general.cache_folder`) and reused by every task and output folder; the intermediate step starts
     its student from it. Skipped when ``general.enabled`` is false or ``student.model`` names a start.
 
     Returns:
@@ -416,7 +416,7 @@ def _distill_step(
     of it); the caller saves the student (:func:`_save_student`).
 
     With ``teacher_cache`` (its folder and run id; intermediate step), the teacher's outputs are computed once into
-    that folder (or found there) and every batch reads them from it (:mod:`distill.teacher_cache`). The step's wall
+    that folder (or found there) and every batch reads them from it (:mod:`distill.method.teacher_cache`). The step's wall
     time starts after the cache (timed in its own folder)."""
     if name == "intermediate":
         settings = {"share_projection": config.distill.share_projection,
@@ -516,7 +516,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
                     device: torch.device) -> dict:
     """The prediction step (soft cross-entropy on cached teacher logits, plus the gold-label term at
     ``distill.hard_label_weight`` when that is above 0) into ``folder``, then the student's dev metrics; returns its
-    record, whose ``weights`` are the terms that ran (:func:`distill.objective.prediction_terms`)."""
+    record, whose ``weights`` are the terms that ran (:func:`distill.method.objective.prediction_terms`)."""
     logits_run_id, _, _ = open_stage("teacher_logits", config, out / "teacher_logits",
                                      {"teacher": teacher_record["run_id"], "augmented": data_run_id})
     inputs = {"student_intermediate": step1["run_id"], "teacher_logits": logits_run_id}
@@ -628,9 +628,9 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
     ``report.json`` / ``report.md``.
 
     A re-run whose models (the teacher and student stages' run ids) and timing setup are those ``report.json`` was
-    timed with reuses that timing (:func:`distill.report.timing_key`), so the same models do not get new latency
+    timed with reuses that timing (:func:`distill.publish.report.timing_key`), so the same models do not get new latency
     numbers on every run; the report says when they were timed. ``chance`` (:func:`teachers.finetune.chance`) flags
-    a model at chance; ``run`` (task, data, config) heads report.md (see :func:`distill.report.build_report`).
+    a model at chance; ``run`` (task, data, config) heads report.md (see :func:`distill.publish.report.build_report`).
     ``write=False``: build the report without writing it (a multi-process job's other processes, which reuse the
     timing its main process wrote)."""
     _banner("report", out)
@@ -668,7 +668,7 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
 
 
 def run_record(spec: TaskSpec, source: DataSource, out: Path) -> dict:
-    """What a run used, for its report and card: the task, the data (:class:`distill.data.DataSource` with its
+    """What a run used, for its report and card: the task, the data (:class:`distill.tasks.data.DataSource` with its
     description) and the config file."""
     return {"task": spec.name, "data": {**dataclasses.asdict(source), "description": source.describe()},
             "config": str(out / "config.json")}
@@ -702,7 +702,7 @@ def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     """The stages every student of a run shares: config record, task data, teacher, augmented training set.
 
     Returns:
-        (output folder, task spec, task data, its :class:`~distill.data.DataSource`, teacher stage record,
+        (output folder, task spec, task data, its :class:`~distill.tasks.data.DataSource`, teacher stage record,
         training set, its run id).
     """
     out = Path(config.output_dir)
@@ -733,7 +733,7 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         FolderInUseError: another process is running a job in ``output_dir``. DataError: a ``benchmark.students``
             folder that does not exist (checked before any stage runs).
     """
-    from distill.benchmark import resolve_model_folder
+    from distill.publish.benchmark import resolve_model_folder
 
     if not config.sweep:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
@@ -754,7 +754,7 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
 
 
 def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict | None:
-    from distill.benchmark import resolve_model_folder, run_benchmark, unique_name
+    from distill.publish.benchmark import resolve_model_folder, run_benchmark, unique_name
 
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     students = {}
@@ -797,7 +797,7 @@ def run_pipeline(config: PipelineConfig, device: torch.device | None = None, com
     """Run every stage of the main job (skipping finished ones) and return the report.
 
     One run at a time per output folder: the folder is locked while the job runs
-    (:func:`distill.checkpoint.output_lock`).
+    (:func:`distill.method.checkpoint.output_lock`).
 
     Args:
         config: the job.
@@ -870,7 +870,7 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         output, moved to ``superseded/`` when the job runs) or ``skip``; ``why`` says why a stage is skipped.
 
     Raises:
-        ConfigError, ModelError: what :func:`distill.preflight.preflight` refuses before any stage.
+        ConfigError, ModelError: what :func:`distill.job.preflight.preflight` refuses before any stage.
     """
     config = for_device(config, run_device())
     preflight(config)

@@ -26,18 +26,18 @@ from accelerate import PartialState
 from safetensors.torch import save_file
 from transformers import AutoModel, set_seed
 
-from distill.card import encoder_card
-from distill.checkpoint import mark_stage_done, mark_stage_started, stage_done, write_json_atomic
+from distill.publish.card import encoder_card
+from distill.method.checkpoint import mark_stage_done, mark_stage_started, stage_done, write_json_atomic
 from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
-from distill.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
-from distill.data import collator
-from distill.fingerprints import content_or_name
+from distill.job.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
+from distill.tasks.data import collator
+from distill.job.fingerprints import content_or_name
 from distill.device import run_device
-from distill.layer_map import build_layer_map
-from distill.objective import DistillationObjective, intermediate_terms
-from distill.processes import (FAILED_FILE, failure_marked, from_this_launch, is_main_process, launch_marker,
+from distill.method.layer_map import build_layer_map
+from distill.method.objective import DistillationObjective, intermediate_terms
+from distill.job.processes import (FAILED_FILE, failure_marked, from_this_launch, is_main_process, launch_marker,
                                on_main, several_processes, wait_for)
-from distill.trainer import train
+from distill.method.trainer import train
 from students import build_student, student_shape
 from teachers.models import load_config as load_model_config
 from teachers.models import load_tokenizer, resolve_model
@@ -78,7 +78,7 @@ def general_config(config: PipelineConfig, for_pipeline: bool = True) -> General
 def general_run_id(config: GeneralConfig) -> tuple[str, str]:
     """Fingerprints of a general distillation (its settings and the corpus) and of its packed corpus.
 
-    A teacher given as a local folder counts by its files' bytes (:func:`distill.fingerprints.content_or_name`), so
+    A teacher given as a local folder counts by its files' bytes (:func:`distill.job.fingerprints.content_or_name`), so
     two different teachers saved at the same path (``runs/teacher`` of two projects) get two cache entries, and a copy
     of the same teacher elsewhere finds the entry again; a hub name or ``minilm`` counts by its name."""
     teacher = content_or_name(config.teacher)
@@ -111,10 +111,10 @@ def exclusive(folder: Path):
 
     Under a multi-process launch the main process takes the lock for all of the job's processes (each process's own
     lock would wait for the main one, which waits for them inside the stage) and, once it holds it, says so in
-    ``<folder>.holder`` (:func:`distill.processes.launch_marker`, with this entry's count); the others wait for that
+    ``<folder>.holder`` (:func:`distill.job.processes.launch_marker`, with this entry's count); the others wait for that
     by reading the file, not at a collective barrier: another job may hold the lock for longer than a process group's
     timeout (30 minutes). The block must keep the main process in it until the others are in (its first step a
-    barrier, as in :func:`distill.pipeline.general_stage`): the holder file goes with the lock.
+    barrier, as in :func:`distill.job.pipeline.general_stage`): the holder file goes with the lock.
 
     Raises:
         ProcessFailedError: (a process other than the main one) the main process stopped before it held the lock, or

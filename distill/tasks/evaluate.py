@@ -12,8 +12,8 @@ from sklearn import metrics
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from distill.capture import head_logits
-from distill.data import TaskSpec, collator, tokenize
+from distill.method.capture import head_logits
+from distill.tasks.data import TaskSpec, collator, tokenize
 from distill.device import model_device, same_device
 
 
@@ -79,7 +79,7 @@ def sequence_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) ->
 def predict(model, dataset, tokenizer, *, device: torch.device | str, batch_size: int = 64, progress: bool = True
             ) -> np.ndarray | list[np.ndarray]:
     """Logits of ``model`` on a tokenized dataset, in dataset order: (N, C) float32, or for a model with outputs per
-    token (token classification; QA, whose start and end logits are (T_i, 2), :func:`distill.capture.head_logits`) a
+    token (token classification; QA, whose start and end logits are (T_i, 2), :func:`distill.method.capture.head_logits`) a
     list of N (T_i, C) float32 arrays, padding removed.
 
     Args:

@@ -8,14 +8,14 @@ from pathlib import Path
 from transformers import AutoConfig, PretrainedConfig
 
 from augment import check_word_vectors, load_stopwords
-from distill.capture import CaptureError, capture_support
+from distill.method.capture import CaptureError, capture_support
 from distill.config import ConfigError, PipelineConfig
-from distill.corpus import corpus_sources
-from distill.data import task_spec
-from distill.general import general_config
-from distill.layer_map import build_layer_map
-from distill.objective import intermediate_terms
-from distill.stages import STAGES
+from distill.job.corpus import corpus_sources
+from distill.tasks.data import task_spec
+from distill.job.general import general_config
+from distill.method.layer_map import build_layer_map
+from distill.method.objective import intermediate_terms
+from distill.job.stages import STAGES
 from students import RELATIVE_PRESETS, student_family, student_shape
 from teachers.mlm import corpus_files
 from teachers.models import check_teacher_config, load_config as load_model_config

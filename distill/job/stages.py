@@ -11,7 +11,7 @@ A stage's code sees the config only through :meth:`StageSpec.view`, which refuse
 field fails its first test until the field is declared, and with it enters the run id.
 
 A declared field that names a local file or folder (:data:`INPUT_FIELDS`) enters the run id by the bytes it names
-(:mod:`distill.fingerprints`), not by its spelling: editing a data file, or retraining a teacher into the same
+(:mod:`distill.job.fingerprints`), not by its spelling: editing a data file, or retraining a teacher into the same
 folder, re-runs the stages that read it (and those after them); a hub name or a bundled asset counts by its name.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from distill.config import fingerprint, to_dict
-from distill.fingerprints import content_or_name, data_folder_content
-from distill.terms import terms_of
+from distill.job.fingerprints import content_or_name, data_folder_content
+from distill.method.terms import terms_of
 
 # Fields any stage may read that do not change its output.
 ALWAYS_READABLE = ("output_dir",)
@@ -136,7 +136,7 @@ class ConfigView:
             return ConfigView(value, path, self._allowed, self._stage)
         raise UndeclaredFieldError(
             f"stage {self._stage!r} read config field {path!r}, which its StageSpec does not declare: add it to "
-            f"distill.stages.STAGES[{self._stage!r}].reads (it then enters the stage's run id)")
+            f"distill.job.stages.STAGES[{self._stage!r}].reads (it then enters the stage's run id)")
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -165,7 +165,7 @@ PREDICTION_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("predi
 
 def teacher_examples(values: dict) -> None:
     """The teacher is fine-tuned on the first ``min(task.max_train_examples, teacher.max_train_examples_cpu)``
-    training examples (both as :func:`distill.pipeline.for_device` resolves them; None: no cap), whichever cap gives
+    training examples (both as :func:`distill.job.pipeline.for_device` resolves them; None: no cap), whichever cap gives
     that number: hash it as the task's cap with no teacher share, so that a teacher made for one split of the work is
     reused by another that leaves it the same examples (the task at 16,000 with a share of 8,000 = the task at 8,000).
     """
@@ -189,7 +189,7 @@ def teacher_canonical(values: dict) -> None:
     their defaults: a fine-tuning setting changed there re-scores nothing. Hashed at the defaults rather than left out,
     so that run ids made before keep theirs."""
     from distill.config import TeacherConfig
-    from distill.fingerprints import content_or_name
+    from distill.job.fingerprints import content_or_name
 
     teacher_examples(values)
     teacher = values.get("teacher")
@@ -209,14 +209,14 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("augmented", reads=("task", "augment", "mlm.model"), neutral=AUGMENT_NEUTRAL, inputs=("mlm",)),
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
     # A student pruned from the fine-tuned teacher (student.init "pruned"): importance on the task's training data,
-    # then the teacher cut to the student's shape and layers (distill.pruned).
+    # then the teacher cut to the student's shape and layers (distill.job.pruned).
     StageSpec("pruned", reads=("task", "student", "distill.layer_map"), inputs=("teacher",)),
     StageSpec("student_intermediate",
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
                      *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",
                      "distill.teacher_cache"),
               inputs=("teacher", "augmented", "general")),
-    # Its run id also covers the teacher buffers it holds (distill.pipeline.teacher_outputs_run_id).
+    # Its run id also covers the teacher buffers it holds (distill.job.pipeline.teacher_outputs_run_id).
     StageSpec("teacher_outputs", reads=("task.max_seq_length", "distill.teacher_cache"), inputs=("teacher", "augmented")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",

@@ -17,10 +17,10 @@ import inspect
 import torch
 from torch import nn
 
-from distill.capture import CaptureError, capture_support, check_capture, run_model
+from distill.method.capture import CaptureError, capture_support, check_capture, run_model
 from distill.tasks import TaskType, get_task_type
-from distill.teacher_cache import cached_outputs
-from distill.terms import LOSS_TERMS, TeacherOutputs, teacher_reads, terms_of
+from distill.method.teacher_cache import cached_outputs
+from distill.method.terms import LOSS_TERMS, TeacherOutputs, teacher_reads, terms_of
 
 
 class ModelLossObjective(nn.Module):
@@ -87,7 +87,7 @@ class MaskedLMObjective(nn.Module):
 class DistillationObjective(nn.Module):
     """TinyBERT's distillation objective for one step (Jiao et al., 2020, Eq. 11).
 
-    The loss is Σ_terms weight · term over the registered terms of :data:`distill.terms.LOSS_TERMS`: ``embedding``
+    The loss is Σ_terms weight · term over the registered terms of :data:`distill.method.terms.LOSS_TERMS`: ``embedding``
     (layer 0 ↔ 0), ``hidden`` (m ↔ g(m), m = 1..M), ``attention`` (m ↔ g(m)), summed over mapped layers, and
     ``prediction``, the soft cross-entropy on logits (MSE for regression).
 
@@ -96,10 +96,10 @@ class DistillationObjective(nn.Module):
         student: the model being trained (any `transformers` encoder classifier dispatching through the attention
             interface).
         terms: loss terms with their weights, e.g. {"embedding": 1, "hidden": 1, "attention": 1}.
-        layer_map: [g(1), ..., g(M)] (see :func:`distill.layer_map.build_layer_map`).
+        layer_map: [g(1), ..., g(M)] (see :func:`distill.method.layer_map.build_layer_map`).
         share_projection: one W for the embedding and all hidden layers (reference code) instead of W_e and W_h
             (paper). Projections exist only where h_S ≠ h_T.
-        temperature, temperature_squared, hard_label_weight: see :func:`distill.losses.prediction_loss`.
+        temperature, temperature_squared, hard_label_weight: see :func:`distill.method.losses.prediction_loss`.
         regression: the task is regression (single output); prediction uses MSE.
         task_type: the task type whose ``prediction_loss`` the prediction term computes (:mod:`distill.tasks`; None:
             sequence classification, the logits (B, C)).

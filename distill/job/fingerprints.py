@@ -1,6 +1,6 @@
 """What a run's inputs hold, as short hashes: the bytes of local data files and model folders.
 
-A stage's run id (:mod:`distill.stages`) covers the config fields it reads. A field that names a local file or folder
+A stage's run id (:mod:`distill.job.stages`) covers the config fields it reads. A field that names a local file or folder
 (``task.data_dir``, ``teacher.model``, ...) enters it by the SHA-256 of the bytes it names, not by its spelling: edit
 a CSV, or retrain a teacher into the same folder, and the stages that read it run again; copy or move the same files
 elsewhere and their finished outputs are found again. A name that is not a local path (a hub model or data set, the
@@ -96,7 +96,7 @@ def task_data_files(task: Any) -> list[str] | None:
     """
     if task.train_file is not None or not task.data_dir or task.source not in ("auto", "local"):
         return None
-    from distill.data import TASKS
+    from distill.tasks.data import TASKS
 
     spec = TASKS.get(task.name)
     if spec is None:
@@ -117,6 +117,6 @@ def data_folder_content(task: Any) -> Any:
     try:
         return content_or_name(task.data_dir, names)
     except FileNotFoundError as error:
-        from distill.data import DataError
+        from distill.tasks.data import DataError
 
         raise DataError(f"task {task.name}: {error}; the data folder needs {', '.join(names)}") from None

@@ -22,9 +22,9 @@ from pathlib import Path
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from distill.checkpoint import mark_stage_done, stage_done
-from distill.data import ASSETS, DataError
-from distill.fingerprints import file_sha256
+from distill.method.checkpoint import mark_stage_done, stage_done
+from distill.tasks.data import ASSETS, DataError
+from distill.job.fingerprints import file_sha256
 
 logger = logging.getLogger(__name__)
 
