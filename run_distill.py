@@ -27,8 +27,20 @@ from distill.config import shipped_configs
 DEFAULT_CONFIG = shipped_configs() / "sst2_minilm.yaml"
 SWEEP_CONFIG = DEFAULT_CONFIG.with_name("sweep_sst2.yaml")
 CONFIG_HELP = "YAML config: a file, or the name of a shipped config (configs/NAME.yaml or NAME.yaml: "
-PIPELINE_CONFIGS = "sst2_minilm.yaml; without --config, a GLUE pair or regression task (mrpc, stsb, ...): " \
-    "pair_minilm.yaml, a token classification task (wnut_17, conll2003): ner_minilm.yaml, squad: squad_minilm.yaml"
+
+
+def pipeline_configs() -> str:
+    """The default config of ``pipeline`` and ``seeds``, and the recipe each named task's type picks without
+    ``--config`` (from the registry of tasks: :meth:`distill.tasks.TaskType.recipe`)."""
+    from distill.tasks import TASKS
+
+    recipes: dict[str, list[str]] = {}
+    for name, spec in TASKS.items():
+        recipe = spec.type.recipe(spec)
+        if recipe is not None:
+            recipes.setdefault(recipe[0], []).append(name)
+    return (f"{DEFAULT_CONFIG.name}; without --config, a task's own recipe: "
+            + ", ".join(f"{', '.join(names)}: {config}" for config, names in recipes.items()))
 
 
 def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bool = True,
@@ -100,7 +112,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     commands = parser.add_subparsers(dest="command", required=True)
 
     pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
-    _common(pipeline, PIPELINE_CONFIGS)
+    _common(pipeline, pipeline_configs())
     pipeline.add_argument("--teacher", help="fine-tuned model with the task's head (hub name or folder); default: "
                           "fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
@@ -126,7 +138,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     seeds = commands.add_parser("seeds", help="the pipeline once per seed, then the mean and spread of teacher, student "
                                 "and retained metric over the runs")
-    _common(seeds, PIPELINE_CONFIGS)
+    _common(seeds, pipeline_configs())
     seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
                        "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed; OUTPUT_DIR defaults to the "
                        "config's output_dir + '_seeds')")
@@ -239,7 +251,7 @@ def _task_recipe(name: str | None) -> tuple[str, str] | None:
     :meth:`distill.tasks.TaskType.recipe`): (file name, what it is for), or None."""
     if name is None:
         return None
-    from distill.tasks.data import TASKS
+    from distill.tasks import TASKS
 
     spec = TASKS.get(name)
     return spec.type.recipe(spec) if spec is not None else None
@@ -391,7 +403,7 @@ def KnownErrors() -> tuple[type[Exception], ...]:
     from distill.method.capture import CaptureError
     from distill.method.checkpoint import CheckpointError
     from distill.config import ConfigError
-    from distill.tasks.data import DataError
+    from distill.tasks import DataError
     from distill.method.trainer import NonFiniteLossError
     from teachers import ModelError
 
@@ -488,7 +500,7 @@ def run_sweep_command(config, args) -> int:
 def _model_folder(given: str, stage: str) -> tuple[Path, str]:
     """``resolve_model_folder`` for a path given on the command line: a missing folder is a DataError (exit 2)."""
     from distill.publish.benchmark import resolve_model_folder
-    from distill.tasks.data import DataError
+    from distill.tasks import DataError
 
     try:
         return resolve_model_folder(Path(given), stage)

@@ -25,7 +25,6 @@ Word-list columns (token classification) run the same generator and draws word f
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection
@@ -33,16 +32,9 @@ from typing import Callable, Collection
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distill.tasks.data import DataError
 from distill.method.objective import masked_lm_logits
-
-WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
-
-
-def split_words(text: str) -> list[tuple[int, int]]:
-    """Word spans (start, end) of ``text``: runs of letters/digits, or single punctuation marks (like BERT's basic
-    tokenizer, without lower-casing)."""
-    return [match.span() for match in WORD_PATTERN.finditer(text)]
+from distill.tasks.base import DataError
+from distill.tasks.words import split_words
 
 
 def load_stopwords(path: str | None = None) -> frozenset[str]:

@@ -21,25 +21,27 @@ from augment.tokens import is_word_list_feature
 from augment.vectors import check_word_vectors
 from distill.method.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
-from distill.tasks.data import DataError, load_task_data, read_table, require_columns, task_spec
+from distill.tasks.base import DataError
+from distill.tasks.data import load_task_data, task_spec
+from distill.tasks.files import read_table, require_columns
 from distill.device import run_device
 from distill.job.fingerprints import content_or_name
 from distill.job.stages import with_contents
 
 logger = logging.getLogger(__name__)
 
-# Text columns looked for, in order, when the user names none.
-DEFAULT_TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"),
-                        ("question", "sentence"), ("sentence",), ("text",))
-
-
 def default_text_columns(columns: list[str], source: str) -> tuple[str, ...]:
-    """The text column(s) of a table whose user named none: the first of :data:`DEFAULT_TEXT_COLUMNS` present.
+    """The text column(s) of a table whose user named none: the first present of the text columns of the named tasks
+    whose type augmentation keeps true (:data:`distill.tasks.TASKS`: pairs before single columns, e.g. ``sentence1``
+    and ``sentence2``, then ``sentence``), else ``text``.
 
     Raises:
         DataError: none is present (the present columns are listed).
     """
-    for candidate in DEFAULT_TEXT_COLUMNS:
+    from distill.tasks import TASKS
+
+    named = dict.fromkeys(spec.text_columns for spec in TASKS.values() if spec.type.supports_augmentation)
+    for candidate in [*sorted(named, key=len, reverse=True), ("text",)]:
         if all(c in columns for c in candidate):
             return candidate
     raise DataError(f"{source}: say which column(s) to augment with --text-columns; present: {columns}")
@@ -92,7 +94,7 @@ def run_augment(
         nor lists of strings). ValueError: ``replaceable`` given without exactly one word-list column.
         CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
     """
-    from augment import generator_factory
+    from augment.generator import generator_factory
     from distill.job.processes import several_processes
     from teachers.models import load_masked_lm
 

@@ -15,13 +15,13 @@ The draws are the string algorithm's (per copy, per candidate word in order), fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import datasets
 
 from augment.augmenter import CandidateGenerator
-from distill.tasks.data import DataError
+from distill.tasks.base import DataError
+from distill.tasks.words import TagMask, only_tags  # noqa: F401  (augment's own API)
 
 
 def word_spans(words: Sequence[str]) -> list[tuple[int, int]]:
@@ -105,31 +105,6 @@ def word_candidates(
             i = position[span]
             results[-1][i] = [w for w in options if w.isalpha()] or [words[i]]
     return results
-
-
-@dataclass(frozen=True)
-class TagMask:
-    """A ``replaceable`` mask: the words whose tag id is in ``tag_ids`` may be replaced (picklable, so worker
-    processes can use it; its repr identifies it in a run id)."""
-
-    label_column: str
-    tag_ids: tuple[int, ...]
-
-    def __call__(self, row: dict) -> list[bool]:
-        """W flags for ``row[label_column]`` (W tag ids)."""
-        return [tag in self.tag_ids for tag in row[self.label_column]]
-
-
-def only_tags(label_names: Sequence[str], tags: Sequence[str] = ("O",), label_column: str = "label") -> TagMask:
-    """The mask that lets only words tagged with one of ``tags`` change (default: outside any entity, ``O``).
-
-    Raises:
-        ValueError: a tag is not among ``label_names``.
-    """
-    unknown = [t for t in tags if t not in label_names]
-    if unknown:
-        raise ValueError(f"tag(s) {unknown} are not among the labels {list(label_names)}")
-    return TagMask(label_column, tuple(sorted(label_names.index(t) for t in tags)))
 
 
 def replacement_stats(

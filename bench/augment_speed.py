@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from augment import CandidateGenerator, NeighbourCache, augment_examples, load_stopwords, load_word_vectors  # noqa: E402
-from augment.augmenter import split_words  # noqa: E402
+from distill.tasks.words import split_words  # noqa: E402
 from augment.dataset import EXAMPLES_PER_PASS  # noqa: E402
 from distill.config import AugmentConfig  # noqa: E402
 from teachers.models import load_masked_lm, load_tokenizer  # noqa: E402

@@ -77,7 +77,7 @@ def read_tsv(path: Path, columns: list[str]) -> list[list[str]]:
 
 def measure(tokenizer, stopwords: frozenset[str]) -> dict:
     """Rows, tokens and augmentation statistics measured on the local GLUE files."""
-    from augment.augmenter import split_words
+    from distill.tasks.words import split_words
 
     sst2 = read_tsv(DATA / "SST-2" / "train.tsv", ["sentence"])
     sst2_lengths = [len(ids) for ids in tokenizer([r[0] for r in sst2])["input_ids"]]

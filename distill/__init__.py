@@ -28,13 +28,13 @@ from distill.logs import install_default_handler
 
 _API = {
     "build_student": "students", "StudentConfig": "distill.config", "TaskConfig": "distill.config",
-    "TrainConfig": "distill.config", "load_config": "distill.config", "get_task": "distill.tasks.data",
+    "TrainConfig": "distill.config", "load_config": "distill.config", "get_task": "distill.tasks",
     "load_task_data": "distill.tasks.data", "tokenize": "distill.tasks.data", "collator": "distill.tasks.data",
     "build_layer_map": "distill.method.layer_map", "DistillationObjective": "distill.method.objective",
     "train": "distill.method.trainer", "LOSS_TERMS": "distill.method.terms", "evaluate_task": "distill.tasks.evaluate",
     "run_device": "distill.device", "ModelLossObjective": "distill.method.objective",
     "resolve_model": "teachers.models", "run_pipeline": "distill.job.pipeline", "run_seeds": "distill.job.seeds",
-    "QuestionAnswerer": "distill.tasks.question_answering",
+    "QuestionAnswerer": "distill.publish.serving",
 }
 __all__ = sorted(_API)
 

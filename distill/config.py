@@ -88,9 +88,13 @@ class TrainConfig:
         )
 
 
-# Task metrics by name (distill.tasks.evaluate computes them).
-METRICS = ("accuracy", "f1", "matthews_corrcoef", "pearson", "spearmanr", "precision", "recall", "exact_match")
-TASK_TYPES = ("sequence_classification", "token_classification", "question_answering")  # distill.tasks.TASK_TYPES
+def _task_registry():
+    """The registries of task types and their metrics (:mod:`distill.tasks`), read when a task section is checked
+    (imported then: the task layer imports torch)."""
+    from distill.tasks import TASK_TYPES, metric_names
+
+    return tuple(TASK_TYPES), metric_names()
+
 
 
 @dataclass
@@ -114,16 +118,17 @@ class TaskConfig:
     label_names: list[str] | None = None  # classes in id order; None: the distinct labels of train_file, sorted
     regression: bool = False  # labels are real-valued scores (MSE, Pearson/Spearman)
     metrics: list[str] | None = None  # None: accuracy (+ f1 for two classes), or pearson + spearmanr
-    # The kind of task (distill.tasks): sequence_classification, token_classification or question_answering; None:
+    # The kind of task, a registered task type (distill.tasks.TASK_TYPES: sequence_classification, ...); None:
     # the named task's (GLUE tasks classify sequences, wnut_17 and conll2003 tag tokens, squad answers questions), or
     # sequence_classification for own files.
     task_type: str | None = None
 
     def __post_init__(self) -> None:
-        _check(self.task_type in (None, *TASK_TYPES), "task_type",
-               f"must be {', '.join(TASK_TYPES[:-1])} or {TASK_TYPES[-1]}, got {self.task_type!r}")
-        unknown = [m for m in self.metrics or [] if m not in METRICS]
-        _check(not unknown, "metrics", f"unknown metric(s) {unknown}; use {', '.join(METRICS)}")
+        types, metrics = _task_registry()
+        _check(self.task_type in (None, *types), "task_type",
+               f"must be {', '.join(types[:-1])} or {types[-1]}, got {self.task_type!r}")
+        unknown = [m for m in self.metrics or [] if m not in metrics]
+        _check(not unknown, "metrics", f"unknown metric(s) {unknown}; use {', '.join(metrics)}")
         _check(len(self.text_columns) <= 2, "text_columns", f"one or two columns, got {self.text_columns}")
         _check(not (self.regression and self.label_names), "label_names", "must be empty when regression is true")
         _check(
@@ -471,12 +476,10 @@ def augments(task: TaskConfig) -> bool:
     """Whether ``augment.enabled: auto`` augments this task: its task type (``task.task_type``, a named task's, else
     sequence classification) keeps its labels under word replacement (:attr:`distill.tasks.TaskType.
     supports_augmentation`; not extractive QA)."""
-    from distill.tasks.data import TASKS
-    from distill.tasks import get_task_type
+    from distill.tasks import DEFAULT_TYPE, TASKS, get_task_type
 
     named = TASKS.get(task.name) if task.train_file is None else None
-    return get_task_type(task.task_type or (named.task_type if named else "sequence_classification")
-                         ).supports_augmentation
+    return get_task_type(task.task_type or (named.task_type if named else DEFAULT_TYPE)).supports_augmentation
 
 
 def _convert(value: Any, annotation: Any, path: str) -> Any:

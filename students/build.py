@@ -160,13 +160,11 @@ def build_student(
 
 
 def head_class(teacher: PreTrainedModel) -> type:
-    """The Auto class of the teacher's head (its task type's: sequence or token classifier, see
-    :mod:`distill.tasks`); a bare encoder teacher gets a sequence classifier."""
-    from distill.tasks import TASK_TYPES
+    """The Auto class of the teacher's head (its task type's, :func:`distill.tasks.head_type`); a bare encoder
+    teacher gets a sequence classifier."""
+    from distill.tasks import head_type
 
-    name = type(teacher).__name__
-    kind = next((t for t in TASK_TYPES.values() if name.endswith(t.architecture)), TASK_TYPES["sequence_classification"])
-    return kind.model_class(None)
+    return head_type([type(teacher).__name__]).model_class(None)
 
 
 def first_position(config: PretrainedConfig) -> int:

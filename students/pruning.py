@@ -418,15 +418,11 @@ def probe_inputs(config: PretrainedConfig, device: torch.device | str = "cpu") -
 
 
 def _output_sum(outputs) -> torch.Tensor:
-    """A scalar of the model's outputs for tracing (every head's output, or the encoder's last hidden state)."""
-    for name in ("logits", "start_logits", "last_hidden_state"):
-        value = getattr(outputs, name, None)
-        if value is not None:
-            total = value.sum()
-            if name == "start_logits":
-                total = total + outputs.end_logits.sum()
-            return total
-    raise PruningError("pruning: the model returns no logits or hidden state to trace")
+    """A scalar of every tensor the model returns (its head's outputs, or an encoder's states), for tracing."""
+    tensors = [value for value in outputs.values() if isinstance(value, torch.Tensor)]
+    if not tensors:
+        raise PruningError("pruning: the model returns no tensor to trace")
+    return sum(tensor.float().sum() for tensor in tensors)
 
 
 def prune_model(teacher: PreTrainedModel, plan: PruningPlan, student_config: PretrainedConfig) -> PreTrainedModel:

@@ -7,13 +7,13 @@ import shutil
 from pathlib import Path
 
 import datasets
-import numpy as np
 import torch
 from transformers import set_seed
 
 from distill.method.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
-from distill.tasks.data import TaskSpec, collator, tokenize
+from distill.tasks.base import TaskSpec
+from distill.tasks.data import collator, tokenize
 from distill.tasks.evaluate import evaluate, evaluate_task
 from distill.method.objective import ModelLossObjective
 from distill.job.processes import on_main
@@ -31,40 +31,22 @@ CHANCE_MARGIN = 0.05
 
 def chance(spec: TaskSpec, dev_labels=None) -> dict:
     """What a model that has learnt nothing scores on the task's primary metric (``spec.metrics[0]``): the best
-    constant guess on this dev set.
-
-    - accuracy: the majority-class rate of the dev labels (a collapsed MRPC teacher that always says "equivalent"
-      scores 279 / 408 = 0.684 on the GLUE dev set, not 1/C = 0.5);
-    - F1 (of the positive class): always "positive", 2p / (1 + p) for a positive rate p in the dev labels;
-    - Matthews correlation, Pearson, Spearman: 0 (any constant guess is uncorrelated with the labels).
+    constant guess on this dev set, as the task's type computes it (:meth:`distill.tasks.TaskType.chance`; e.g. the
+    majority-class rate for accuracy).
 
     Args:
         spec: the task.
-        dev_labels: (N,) the main dev set's label ids; needed for accuracy and F1.
+        dev_labels: the main dev set's labels (:func:`dev_labels`); the types whose chance depends on their balance
+            need them.
 
     Returns:
         {"metric": the primary metric, "value": chance on it, "basis": how it is reached, in words (e.g.
         "majority class 'equivalent'")}.
 
     Raises:
-        ValueError: accuracy or F1 without dev labels (or with none in them): chance depends on their class balance.
+        ValueError: a type that needs dev labels got none.
     """
-    metric = spec.metrics[0]
-    if spec.task_type != "sequence_classification":
-        return spec.type.chance(spec, dev_labels)
-    if metric in ("matthews_corrcoef", "pearson", "spearmanr") or spec.is_regression:
-        return {"metric": metric, "value": 0.0, "basis": "constant guess"}
-    labels = None if dev_labels is None else np.asarray(dev_labels, dtype=np.int64)
-    if labels is None or labels.size == 0:
-        raise ValueError(f"chance on {metric} is the best constant guess on the dev set, so it needs the dev labels "
-                         "(pass dev_labels)")
-    counts = np.bincount(labels, minlength=spec.num_labels)
-    if metric == "f1":
-        positive = float(counts[1] / labels.size)
-        return {"metric": metric, "value": 2 * positive / (1 + positive), "basis": "always the positive class"}
-    majority = int(np.argmax(counts))
-    name = spec.label_names[majority] if majority < len(spec.label_names) else str(majority)
-    return {"metric": metric, "value": float(counts[majority] / labels.size), "basis": f"majority class {name!r}"}
+    return spec.type.chance(spec, dev_labels)
 
 
 def chance_level(spec: TaskSpec, dev_labels=None) -> float:
@@ -130,15 +112,7 @@ def finetune_teacher(
     """
     tokenizer = load_tokenizer(config.base_model)
     set_seed(config.train.seed)  # the new classifier head is drawn from the global RNG: same seed, same teacher
-    # Label names only for classification: an explicit id2label=None would reset num_labels (regression has one).
-    names = {"id2label": dict(enumerate(spec.label_names)),
-             "label2id": {name: i for i, name in enumerate(spec.label_names)}} if spec.label_names else {}
-    model = spec.type.model_class(spec).from_pretrained(
-        resolve_model(config.base_model),
-        num_labels=spec.num_labels,
-        problem_type="regression" if spec.is_regression else "single_label_classification",
-        **names,
-    )
+    model = spec.type.model_class(spec).from_pretrained(resolve_model(config.base_model), **spec.type.head_config(spec))
     train_examples = data["train"]
     if config.max_train_examples_cpu is not None and torch.device(device).type == "cpu":  # the CPU rule (for_device)
         train_examples = train_examples.select(range(min(config.max_train_examples_cpu, len(train_examples))))

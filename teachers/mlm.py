@@ -16,7 +16,8 @@ from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, 
 
 from distill.method.checkpoint import mark_stage_done
 from distill.config import MLMConfig
-from distill.tasks.data import ASSETS, DataError
+from distill.tasks.base import DataError
+from distill.tasks.data import ASSETS
 from distill.method.objective import MaskedLMObjective
 from distill.job.processes import on_main
 from distill.method.trainer import train

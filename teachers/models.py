@@ -15,13 +15,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from distill.tasks.data import TaskSpec
+from distill.tasks.base import ModelError, TaskSpec  # noqa: F401  (ModelError: teachers' own API too)
 from teachers.assets import ASSETS, AssetError
 
 logger = logging.getLogger(__name__)
-
-class ModelError(ValueError):
-    """A checkpoint is missing, of the wrong kind, or incompatible with the task or the other model."""
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -101,7 +98,7 @@ def check_teacher_config(config, spec: TaskSpec, name: str, remap_labels: bool =
     if config.num_labels != spec.num_labels:
         raise ModelError(
             f"teacher {name!r} has {config.num_labels} labels but task {spec.name} has {spec.num_labels} "
-            f"({', '.join(spec.label_names) or 'regression'}); it was fine-tuned on another task"
+            f"({spec.type.describe_labels(spec)}); it was fine-tuned on another task"
         )
     return label_permutation(config.id2label, spec, name, remap_labels)
 
@@ -117,7 +114,7 @@ def label_permutation(id2label: dict, spec: TaskSpec, name: str, remap: bool = F
         ModelError: the orders differ (both printed) and ``remap`` is off, or the names are not the task's labels.
     """
     names = [str(id2label[i]).lower() for i in sorted(id2label)]
-    if spec.is_regression or all(n.startswith("label_") for n in names):
+    if not spec.label_names or all(n.startswith("label_") for n in names):
         return None
     expected = [n.lower() for n in spec.label_names]
     if names == expected:

@@ -24,7 +24,7 @@ from augment import (
 )
 from augment.tokens import word_spans
 from distill.config import AugmentConfig
-from distill.tasks.data import DataError
+from distill.tasks import DataError
 from tests.conftest import SPECIAL, WORDS, folder_identity, tiny_generator, tiny_masked_lm, tiny_vectors
 
 LABELS = ("O", "B-person", "I-person", "B-work")

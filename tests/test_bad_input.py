@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from augment.dataset import augment_examples
 from distill.config import AugmentConfig, TaskConfig
-from distill.tasks.data import DataError, get_task, load_task_data, read_glue_tsv, tokenize
+from distill.tasks import DataError, get_task
+from distill.tasks.data import load_task_data, tokenize
+from distill.tasks.sequence_classification import read_glue_tsv
 
 # Texts a TSV line can hold: anything but the tab and line breaks that delimit it (and NUL, which text files lack).
 TSV_TEXT = st.text(st.characters(blacklist_characters="\t\n\r\x00", blacklist_categories=("Cs",)), max_size=40)

@@ -11,7 +11,7 @@ from transformers import BertTokenizer
 from distill.publish.benchmark import pareto_front, run_benchmark
 from distill.publish.export import OnnxClassifier, quantize_onnx, quantize_torch
 from distill.config import BenchmarkConfig
-from distill.tasks.data import get_task
+from distill.tasks import get_task
 from tests.conftest import SPECIAL, WORDS, tiny_bert
 
 SENTENCES = ["the movie was good", "a bad film", "the plot was fun", "boring story", "great cast", "not fun"]
@@ -169,6 +169,7 @@ def test_repeats_are_scaled_to_the_time_budget_and_the_spread_is_reported():
     from pathlib import Path
 
     from distill.publish.benchmark import MIN_TIMED_RUNS, Row, markdown, time_rows
+    from tests.conftest import tiny_bert_config
 
     def sleeper(**inputs):
         time.sleep(0.01)
@@ -179,7 +180,7 @@ def test_repeats_are_scaled_to_the_time_budget_and_the_spread_is_reported():
         config = BenchmarkConfig(batch_sizes=[1], seq_lengths=[8], num_warmup=2, min_repeats=30, max_repeats=40,
                                  max_spread=1e-9, time_budget_s=budget)
         start = time.perf_counter()
-        result = time_rows(rows, config, vocab_size=30, names=["input_ids", "attention_mask"])
+        result = time_rows(rows, config, get_task("sst2"), tiny_bert_config(vocab_size=30))
         timed[budget] = (time.perf_counter() - start, result["teacher"]["b1_t8"]["repeats"])
         assert result["student"]["b1_t8"]["repeats"] == timed[budget][1]
     assert timed[None][1] == 40 and timed[None][0] >= 40 * 0.02

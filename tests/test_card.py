@@ -102,7 +102,8 @@ def test_the_export_command_writes_the_files_and_the_benchmark_times_them(finish
 
     from distill.publish.benchmark import run_benchmark
     from distill.config import BenchmarkConfig
-    from distill.tasks.data import get_task, load_task_data
+    from distill.tasks import get_task
+    from distill.tasks.data import load_task_data
 
     config, out = finished
     student = tmp_path / "student"
@@ -155,7 +156,7 @@ def test_the_card_gives_each_latency_with_its_spread_and_when_it_was_timed(finis
 
 def _card(data=None, chance=None, teacher_dev=0.9, student_dev=0.85):
     from distill.publish.card import student_card
-    from distill.tasks.data import get_task
+    from distill.tasks import get_task
 
     rows = [{"name": "teacher", "dev": {"accuracy": teacher_dev}, "retained": 1.0},
             {"name": "student", "dev": {"accuracy": student_dev}, "retained": student_dev / teacher_dev}]
@@ -184,7 +185,7 @@ def test_the_card_names_the_hub_split_only_for_the_data_that_was_used():
 
 def test_each_mnli_metric_is_filed_under_its_own_dev_set():
     from distill.publish.card import _eval_results
-    from distill.tasks.data import get_task
+    from distill.tasks import get_task
 
     data = {"kind": "hub", "location": "glue/mnli", "num_examples": {"train": 100, "dev": 100, "dev_mismatched": 9832},
             "num_available": {"train": 392702, "dev": 9815, "dev_mismatched": 9832}}
@@ -263,10 +264,12 @@ def test_an_onnx_graph_that_ignores_padding_is_refused(tmp_path, monkeypatch):
     """The export's own check runs a padded probe too: a graph that computed as if every token were real (the trace
     of an all-ones mask can drop the masking) would give other logits there, and is refused."""
     import distill.publish.export as export
+    from distill.tasks import get_task_type
     from tests.conftest import tiny_bert
 
     model = tiny_bert(seed=1, initializer_range=0.5)  # weights large enough for padding to move the logits
-    assert export.export_onnx(model, tmp_path / "model.onnx", max_length=32) < 1e-4
+    kind = get_task_type("sequence_classification")
+    assert export.export_onnx(model, tmp_path / "model.onnx", max_length=32, task_type=kind) < 1e-4
     real = export.OnnxClassifier
 
     class MaskBlind(real):
@@ -275,7 +278,7 @@ def test_an_onnx_graph_that_ignores_padding_is_refused(tmp_path, monkeypatch):
 
     monkeypatch.setattr(export, "OnnxClassifier", MaskBlind)
     with pytest.raises(RuntimeError, match=r"model.onnx differs from the PyTorch model by"):
-        export.export_onnx(model, tmp_path / "model.onnx", max_length=32)
+        export.export_onnx(model, tmp_path / "model.onnx", max_length=32, task_type=kind)
 
 
 def test_the_card_gives_the_temperature_as_it_ran_and_none_for_regression(finished):
@@ -291,7 +294,7 @@ def test_the_card_gives_the_temperature_as_it_ran_and_none_for_regression(finish
     assert recipe_lines(squared, record, general, step1, 10, step2)[-2].endswith(
         "'prediction': 1.0}; temperature 2.0 (loss × T²)")
     assert recipe_lines(config, record, general, step1, 10, step2)[-2].endswith("; temperature 1.0")
-    assert "temperature" not in recipe_lines(squared, record, general, step1, 10, step2, regression=True)[-2]
+    assert "temperature" not in recipe_lines(squared, record, general, step1, 10, step2, temperature=False)[-2]
 
 
 def test_the_benchmark_command_reads_the_config_the_teacher_was_made_with(finished, tmp_path, capsys):

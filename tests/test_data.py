@@ -2,7 +2,10 @@ import datasets
 import pytest
 
 from distill.config import TaskConfig
-from distill.tasks.data import DataError, get_task, load_task_data, read_glue_tsv, read_table
+from distill.tasks import DataError, get_task
+from distill.tasks.data import load_task_data
+from distill.tasks.sequence_classification import read_glue_tsv
+from distill.tasks.files import read_table
 
 
 def test_bundled_sst2_loads():

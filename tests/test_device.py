@@ -26,6 +26,7 @@ import distill.publish.benchmark
 import distill.tasks.evaluate
 import distill.job.pipeline
 from distill.config import ConfigError, TrainConfig, load_config
+from distill.tasks import get_task_type
 from distill.tasks.evaluate import predict
 from distill.method.objective import DistillationObjective, MaskedLMObjective, ModelLossObjective
 from distill.method.trainer import train
@@ -111,10 +112,10 @@ def test_evaluation_never_moves_a_model(tiny_tokenizer):
     model = tiny_bert().to("meta")
     encoded = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3]], "attention_mask": [[1, 1, 1]]})
     with pytest.raises(ValueError, match=r"the model is on meta, the batches were asked on cpu"):
-        predict(model, encoded, tiny_tokenizer, device="cpu")
+        predict(model, encoded, tiny_tokenizer, task_type=get_task_type("sequence_classification"), device="cpu")
     assert next(model.parameters()).device.type == "meta"
     with pytest.raises(TypeError, match="device"):  # no default: a caller must say where
-        predict(tiny_bert(), encoded, tiny_tokenizer)
+        predict(tiny_bert(), encoded, tiny_tokenizer, task_type=get_task_type("sequence_classification"))
 
 
 def test_the_benchmark_adds_accelerator_rows_evaluated_and_timed_there(tmp_path, monkeypatch):

@@ -4,8 +4,9 @@ by them: F1 of the positive class, MCC 0 when undefined, correlations 0 for cons
 import numpy as np
 import pytest
 
-from distill.tasks.data import get_task
-from distill.tasks.evaluate import accuracy, compute_metrics, f1, matthews_corrcoef
+from distill.tasks import get_task
+from distill.tasks.sequence_classification import accuracy, f1, matthews_corrcoef
+from distill.tasks.evaluate import compute_metrics
 
 
 def test_accuracy_and_f1_of_the_positive_class():

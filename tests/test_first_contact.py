@@ -100,7 +100,8 @@ def test_each_command_says_its_own_default_config(capsys):
             run_distill.parse_args([command, "--help"])
         helps[command] = " ".join(capsys.readouterr().out.split())
     for command in ("pipeline", "seeds"):
-        assert "default: sst2_minilm.yaml; without --config, a GLUE pair or regression task" in helps[command]
+        assert "default: sst2_minilm.yaml; without --config, a task's own recipe" in helps[command]
+        assert "mrpc, stsb" in helps[command] and "wnut_17, conll2003: ner_minilm.yaml" in helps[command]
         assert "ner_minilm.yaml" in helps[command] and "squad: squad_minilm.yaml" in helps[command]
     assert "default: sweep_sst2.yaml" in helps["sweep"]
     assert "default: the config.json of the pipeline output folder that --student names" in helps["export"]

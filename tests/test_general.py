@@ -15,7 +15,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification, BertMode
 
 from distill.method.checkpoint import CheckpointError
 from distill.job.corpus import load_packed_corpus, pack_lines
-from distill.tasks.data import DataError
+from distill.tasks import DataError
 from distill.method.objective import DistillationObjective
 from distill.job.pipeline import load_projections
 from tests.conftest import tiny_bert, tiny_bert_config

@@ -10,6 +10,7 @@ from distill.method.losses import (
     hidden_loss,
     match_heads,
     prediction_loss,
+    score_loss,
     soft_cross_entropy,
     squared_error_sum,
 )
@@ -91,7 +92,9 @@ def test_soft_cross_entropy_hand_computed():
 
 def test_prediction_loss_regression_and_hard_labels():
     student, teacher = torch.tensor([[1.0], [2.0]]), torch.tensor([[0.0], [4.0]])
-    assert prediction_loss(student, teacher, regression=True).item() == pytest.approx((1 + 4) / 2)
+    assert score_loss(student, teacher).item() == pytest.approx((1 + 4) / 2)
+    with_gold = score_loss(student, teacher, labels=torch.tensor([1.0, 0.0]), hard_label_weight=0.5)
+    assert with_gold.item() == pytest.approx((1 + 4) / 2 + 0.5 * (0 + 4) / 2)
     logits = torch.tensor([[0.0, 0.0]])
     loss = prediction_loss(logits, logits, labels=torch.tensor([1]), hard_label_weight=0.5)
     assert loss.item() == pytest.approx(math.log(2) + 0.5 * math.log(2), rel=1e-6)

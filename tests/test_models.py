@@ -7,7 +7,9 @@ import pytest
 import torch
 from transformers import BertForMaskedLM, BertModel, BertTokenizer
 
-from distill.tasks.data import ASSETS, GLUE_TASKS, get_task, read_glue_tsv
+from distill.tasks.data import ASSETS
+from distill.tasks.sequence_classification import GLUE_TASKS, read_glue_tsv
+from distill.tasks import get_task
 from distill.tasks.evaluate import compute_metrics
 from students import build_student, student_shape
 from students.build import init_embeddings_from_teacher

@@ -16,15 +16,14 @@ import yaml
 from transformers import BertForQuestionAnswering
 
 from distill.config import ConfigError, TaskConfig, load_config
-from distill.tasks.data import DataError, load_task_data
+from distill.tasks import DataError, get_task
+from distill.tasks.data import load_task_data
 from distill.tasks.evaluate import predict
 from distill.tasks import get_task_type
+from distill.tasks.qa_postprocess import NO_SPAN, answers, best_span
+from distill.publish.serving import QuestionAnswerer
 from distill.tasks.question_answering import (
-    NO_SPAN,
-    QuestionAnswerer,
-    answers,
     QuestionAnsweringCollator,
-    best_span,
     read_squad,
     span_cross_entropy,
     span_soft_cross_entropy,
@@ -233,24 +232,25 @@ def test_the_task_types_prediction_loss_reads_the_batchs_context_mask_and_positi
     student, teacher = torch.randn(1, 4, 2), torch.randn(1, 4, 2)
     batch = {"context_mask": torch.tensor([[1, 0, 1, 1]]), "start_positions": torch.tensor([2]),
              "end_positions": torch.tensor([3])}
-    plain = kind.prediction_loss(student, teacher, None, temperature=2.0, temperature_squared=True,
-                                 hard_label_weight=0.0, regression=False, batch=batch)
+    spec = get_task("squad")
+    plain = kind.prediction_loss(spec, student, teacher, batch, temperature=2.0, temperature_squared=True,
+                                 hard_label_weight=0.0)
     assert plain.item() == pytest.approx(4 * span_soft_cross_entropy(student, teacher, batch["context_mask"], 2.0))
-    with_hard = kind.prediction_loss(student, teacher, None, temperature=1.0, temperature_squared=False,
-                                     hard_label_weight=0.5, regression=False, batch=batch)
+    with_hard = kind.prediction_loss(spec, student, teacher, batch, temperature=1.0, temperature_squared=False,
+                                     hard_label_weight=0.5)
     expected = span_soft_cross_entropy(student, teacher, batch["context_mask"]) + 0.5 * span_cross_entropy(
         student, batch["start_positions"], batch["end_positions"], batch["context_mask"])
     assert with_hard.item() == pytest.approx(expected.item())
     with pytest.raises(ValueError, match="context_mask"):
-        kind.prediction_loss(student, teacher, None, temperature=1.0, temperature_squared=False,
-                             hard_label_weight=0.0, regression=False, batch={})
+        kind.prediction_loss(spec, student, teacher, {}, temperature=1.0, temperature_squared=False,
+                             hard_label_weight=0.0)
     # the check of a loss lost to rounding reads the positions the loss reads: the question's may differ freely
     outside = teacher.clone()
     outside[0, 1] += 5.0
-    assert not kind.prediction_inputs_differ(teacher, outside, None, batch)
-    assert kind.prediction_inputs_differ(student, teacher, None, batch)
+    assert not kind.prediction_inputs_differ(spec, teacher, outside, batch)
+    assert kind.prediction_inputs_differ(spec, student, teacher, batch)
     with pytest.raises(ValueError, match="context_mask"):
-        kind.prediction_inputs_differ(student, teacher, None, None)
+        kind.prediction_inputs_differ(spec, student, teacher, {})
 
 
 def test_the_best_span_is_valid_ordered_short_and_inside_the_context():
@@ -462,7 +462,7 @@ def test_the_reader_answers_as_the_evaluation_does_with_the_windows_saved_beside
     evaluation path's answers, spans and scores for every question; one that read with other windows would not."""
     import shutil
 
-    from distill.tasks.data import TaskSpec
+    from distill.tasks import TaskSpec
     from distill.tasks import record_serving
     from distill.tasks.question_answering import doc_stride
 
@@ -471,7 +471,7 @@ def test_the_reader_answers_as_the_evaluation_does_with_the_windows_saved_beside
     features = tokenize_questions(rows, tiny_tokenizer, 16, doc_stride(16))
     examples = [label["example"] for label in features["labels"]]
     assert max(examples.count(q) for q in set(examples)) > 1  # a context of several windows
-    outputs = predict(model, features, tiny_tokenizer, device="cpu")
+    outputs = predict(model, features, tiny_tokenizer, task_type=get_task_type("question_answering"), device="cpu")
     evaluated = answers(outputs, features["labels"])
     # Trained-looking: half its answers right (with four questions it learnt the windows better than the questions)
     # and every one a confident span, not the near-uniform scores of an untrained reader.
@@ -508,7 +508,7 @@ def test_a_reader_named_by_its_hub_repository_reads_the_windows_from_the_pushed_
     the checkpoint's config.json from the hub (from_pretrained stood in for here)."""
     import transformers
 
-    from distill.tasks.data import TaskSpec
+    from distill.tasks import TaskSpec
     from distill.tasks import record_serving
 
     model = tiny_qa_teacher()
@@ -579,7 +579,7 @@ def test_predict_gives_start_and_end_logits_per_feature(tiny_tokenizer):
     rows = datasets.Dataset.from_dict({"question": ["what was the cast ?"], "context": [PARAGRAPHS[0][0]],
                                        "label": [{"text": ["great"], "answer_start": [GREAT]}]})
     features = tokenize_questions(rows, tiny_tokenizer, max_seq_length=16, doc_stride=4)
-    logits = predict(model, features, tiny_tokenizer, device="cpu")
+    logits = predict(model, features, tiny_tokenizer, task_type=get_task_type("question_answering"), device="cpu")
     assert len(logits) == len(features) and logits[0].shape == (len(features[0]["input_ids"]), 2)
     alone = model(input_ids=torch.tensor([features[1]["input_ids"]]),
                   token_type_ids=torch.tensor([features[1]["token_type_ids"]]))

@@ -12,6 +12,7 @@ import torch
 
 import run_distill
 from distill.config import ReportConfig
+from distill.tasks import get_task_type
 from distill.publish.report import build_report, latency_summary, write_report
 from tests.conftest import tiny_bert, tiny_job
 from tests.glue_fixtures import write_glue_folder
@@ -48,7 +49,8 @@ def test_timing_at_its_own_thread_count_puts_the_previous_count_back():
     before = torch.get_num_threads()
     wanted = 1 if before > 1 else 2
     timed = time_models({"tiny": tiny_bert()}, ReportConfig(batch_sizes=[1], seq_length=8, num_warmup=0,
-                                                           num_repeats=2, num_threads=wanted))
+                                                           num_repeats=2, num_threads=wanted),
+                        task_type=get_task_type("sequence_classification"))
     assert timed["tiny"]["latency_ms"]["batch_1"]["median"] > 0
     assert torch.get_num_threads() == before
 

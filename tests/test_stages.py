@@ -291,7 +291,7 @@ def test_the_general_cache_is_keyed_by_the_teachers_weights_not_its_path(tmp_pat
 
 
 def test_a_refused_run_leaves_a_finished_folder_as_it_was(finished_run):
-    from distill.tasks.data import DataError
+    from distill.tasks import DataError
 
     config, out = finished_run
     saved = {path: path.read_bytes() for path in (out / "config.json", out / "report.json",

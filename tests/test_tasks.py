@@ -13,7 +13,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 import run_distill
 from conftest import BPE_CORPUS, tiny_bert, tiny_job, tiny_roberta
 from distill.config import StudentConfig, TaskConfig
-from distill.tasks.data import GLUE_TASKS, DataError, get_task, load_task_data, task_spec
+from distill.tasks.sequence_classification import GLUE_TASKS
+from distill.tasks import DataError, get_task
+from distill.tasks.data import load_task_data, task_spec
 from glue_fixtures import write_glue_folder
 from teachers import ModelError, load_teacher
 

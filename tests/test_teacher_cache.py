@@ -221,10 +221,14 @@ def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_tok
 
     data = _data().remove_columns("labels")
     torch.manual_seed(0)
+    from distill.tasks import get_task_type
+
     for name, teacher in [("sequence", tiny_bert(seed=0, num_labels=3)),
                           ("token", BertForTokenClassification(tiny_bert_config(num_labels=5)).eval())]:
-        cached = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", device=torch.device("cpu"))
-        expected = predict(teacher, data, tiny_tokenizer, device="cpu", batch_size=128)
+        kind = get_task_type(f"{name}_classification")
+        cached = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", task_type=kind,
+                                     device=torch.device("cpu"))
+        expected = predict(teacher, data, tiny_tokenizer, task_type=kind, device="cpu", batch_size=128)
         stored = cached["teacher_logits"]
         assert len(stored) == len(data)
         for row, want in zip(stored, expected):
@@ -232,7 +236,8 @@ def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_tok
             assert np.array_equal(np.asarray(row, dtype=np.float32), want)
         calls = []
         hook = teacher.register_forward_hook(lambda *args: calls.append(1))
-        again = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", device=torch.device("cpu"))
+        again = with_teacher_logits(data, teacher, tiny_tokenizer, tmp_path / name, "run", task_type=kind,
+                                    device=torch.device("cpu"))
         hook.remove()
         assert not calls and again["teacher_logits"] == stored  # read back from disk: the teacher never ran again
 

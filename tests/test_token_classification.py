@@ -12,7 +12,8 @@ import torch
 from transformers import BertForTokenClassification
 
 from distill.config import TaskConfig, load_config
-from distill.tasks.data import DataError, TASKS, load_task_data, task_spec, tokenize
+from distill.tasks import DataError, TASKS
+from distill.tasks.data import load_task_data, task_spec, tokenize
 from distill.tasks.evaluate import predict
 from distill.tasks import get_task_type
 from distill.tasks.token_classification import (
@@ -151,8 +152,8 @@ def test_a_batch_with_no_scored_piece_is_a_zero_loss_not_a_lost_one():
 
     torch.manual_seed(0)
     student, teacher = torch.randn(2, 4, 3), torch.zeros(2, 4, 3)
-    objective = SimpleNamespace(task_type=get_task_type("token_classification"), temperature=1.0,
-                                temperature_squared=False, hard_label_weight=0.0, regression=False)
+    objective = SimpleNamespace(head=get_task_type("token_classification").prediction_head(TASKS["wnut_17"]),
+                                temperature=1.0, temperature_squared=False, hard_label_weight=0.0)
     term = LOSS_TERMS["prediction"]
 
     def compute(labels):
@@ -178,8 +179,8 @@ def test_the_token_loss_averages_over_scored_pieces_and_ignores_the_rest():
     moved[labels == IGNORE] += 100.0  # padding, [CLS]/[SEP] and continuations do not count
     assert token_soft_cross_entropy(moved, teacher, labels, 2.0).item() == pytest.approx(loss.item(), rel=1e-6)
     kind = get_task_type("token_classification")
-    with_hard = kind.prediction_loss(student, teacher, labels, temperature=2.0, temperature_squared=True,
-                                     hard_label_weight=0.5, regression=False)
+    with_hard = kind.prediction_loss(TASKS["wnut_17"], student, teacher, {"labels": labels}, temperature=2.0,
+                                     temperature_squared=True, hard_label_weight=0.5)
     hard = torch.nn.functional.cross_entropy(student[[0, 0, 1], [1, 2, 1]], torch.tensor([1, 0, 2]))
     assert with_hard.item() == pytest.approx(4 * loss.item() + 0.5 * hard.item(), rel=1e-5)
 
@@ -241,7 +242,8 @@ def test_the_collator_pads_labels_and_teacher_logits_on_the_tokenizers_side(tiny
 def test_predict_gives_one_row_per_real_token_in_dataset_order(tiny_tokenizer):
     model = tiny_ner_teacher()
     encoded = tokenize(_dataset(), tiny_tokenizer, TaskSpecFor(), 32)
-    logits = predict(model, encoded, tiny_tokenizer, device="cpu", batch_size=3)
+    logits = predict(model, encoded, tiny_tokenizer, task_type=get_task_type("token_classification"), device="cpu",
+                     batch_size=3)
     assert [row.shape for row in logits] == [(len(ids), len(TAGS)) for ids in encoded["input_ids"]]
     alone = model(input_ids=torch.tensor([encoded[1]["input_ids"]])).logits[0].detach().numpy()
     np.testing.assert_allclose(logits[1], alone, atol=1e-5)

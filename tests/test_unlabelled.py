@@ -15,7 +15,8 @@ import yaml
 
 from distill.config import ConfigError, TaskConfig, load_config, with_overrides
 from distill.job.corpus import sample_lines
-from distill.tasks.data import DataError, task_spec
+from distill.tasks import DataError
+from distill.tasks.data import task_spec
 from distill.job.pipeline import with_unlabelled
 from distill.job.preflight import check_unlabelled, preflight
 from distill.job.stages import STAGES

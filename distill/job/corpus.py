@@ -23,7 +23,8 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from distill.method.checkpoint import mark_stage_done, stage_done
-from distill.tasks.data import ASSETS, DataError
+from distill.tasks.base import DataError
+from distill.tasks.data import ASSETS
 from distill.job.fingerprints import file_sha256
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3,
     Raises:
         DataError: a file named does not exist, or the corpus is empty.
     """
-    from augment.augmenter import split_words
+    from distill.tasks.words import split_words
 
     rng = random.Random(f"{seed}:unlabelled")
     chosen: list[str] = []

@@ -96,7 +96,7 @@ def task_data_files(task: Any) -> list[str] | None:
     """
     if task.train_file is not None or not task.data_dir or task.source not in ("auto", "local"):
         return None
-    from distill.tasks.data import TASKS
+    from distill.tasks import TASKS
 
     spec = TASKS.get(task.name)
     if spec is None:
@@ -117,6 +117,6 @@ def data_folder_content(task: Any) -> Any:
     try:
         return content_or_name(task.data_dir, names)
     except FileNotFoundError as error:
-        from distill.tasks.data import DataError
+        from distill.tasks.base import DataError
 
         raise DataError(f"task {task.name}: {error}; the data folder needs {', '.join(names)}") from None

@@ -58,16 +58,8 @@ from distill.config import (
     with_overrides,
 )
 from distill.job.corpus import sample_lines
-from distill.tasks.data import (
-    ASSETS,
-    DataError,
-    DataSource,
-    TaskSpec,
-    collator,
-    load_task_data_with_source,
-    task_spec,
-    tokenize,
-)
+from distill.tasks.base import DataError, TaskSpec, TaskType
+from distill.tasks.data import ASSETS, DataSource, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.tasks.evaluate import evaluate_task, predict
 from distill.publish.export import export_student
@@ -267,7 +259,7 @@ def _recipe(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, genera
     """The card's recipe lines (:func:`distill.publish.card.recipe_lines`) with the counts read from the distillation set."""
     return recipe_lines(config, teacher_record, general, step1, len(train_data), step2,
                         num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
-                        regression=spec.is_regression)
+                        temperature=spec.type.uses_temperature(spec))
 
 
 def num_unlabelled(train_data: datasets.Dataset) -> int:
@@ -349,28 +341,23 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
     return reference
 
 
-def problem_type(spec: TaskSpec) -> str:
-    """The ``problem_type`` of a classifier for the task: "regression" (one output, MSE, no sigmoid in
-    ``pipeline()``) or "single_label_classification" (softmax over the classes)."""
-    return "regression" if spec.is_regression else "single_label_classification"
-
-
 def _student(config: ConfigView, spec: TaskSpec, teacher, teacher_tokenizer, layer_map: list[int] | None,
              start: str | None = None):
     """A new student of ``config.student``'s shape (its layers cut from teacher layers ``layer_map`` with init
     "teacher"), or one started from a checkpoint (``student.model``, or the general-distilled ``start``) with the
-    teacher's labels and a new head; either way with the task's ``problem_type`` (regression: one output, so that
-    ``pipeline()`` returns the score and applies no sigmoid)."""
+    teacher's labels and a new head; either way with the head config of the task's type
+    (:meth:`~distill.tasks.TaskType.head_config`: a ``problem_type`` where it gives one, so that ``pipeline()``
+    applies the right output function)."""
     start = config.student.model or start
+    head = spec.type.head_config(spec)
     if start is None:
         student = build_student(teacher, config.student, layer_map)
-        student.config.problem_type = problem_type(spec)
+        if "problem_type" in head:
+            student.config.problem_type = head["problem_type"]
         return student
     check_same_vocabulary(teacher_tokenizer, load_tokenizer(start), start)
     return spec.type.model_class(spec).from_pretrained(
-        start, num_labels=spec.num_labels, problem_type=problem_type(spec), id2label=teacher.config.id2label,
-        label2id=teacher.config.label2id,
-    )
+        start, **{**head, "id2label": teacher.config.id2label, "label2id": teacher.config.label2id})
 
 
 def load_projections(objective: DistillationObjective, folder: Path) -> bool:
@@ -422,10 +409,11 @@ def _distill_step(
         settings = {"share_projection": config.distill.share_projection,
                     "relation_heads": config.distill.relation_heads, "hidden_loss": config.distill.hidden_loss}
     else:
-        settings = {"temperature": config.distill.temperature, "regression": spec.is_regression,
+        settings = {"temperature": config.distill.temperature,
                     "temperature_squared": config.distill.temperature_squared,
                     "hard_label_weight": config.distill.hard_label_weight}
-    objective = DistillationObjective(teacher, student, terms, layer_map, task_type=spec.type, **settings)
+    objective = DistillationObjective(teacher, student, terms, layer_map, head=spec.type.prediction_head(spec),
+                                      **settings)
     start = config.student.model or start if name == "intermediate" else None
     if start is not None and not load_projections(objective, Path(start)) \
             and (channels := kept_channels(start)) is not None and len(objective.trainable["projections"]):
@@ -435,6 +423,9 @@ def _distill_step(
     collate = collator(tokenizer, spec)
     if teacher_cache is not None:
         cache_dir, cache_id = teacher_cache
+        if spec.type.input_dims != ("batch", "sequence"):  # the cache stores each example's (T_i, ...) buffers
+            raise ConfigError(f"distill.teacher_cache: the teacher-output cache holds (batch, sequence) inputs, and a "
+                              f"{spec.type.description}'s are {spec.type.input_dims}; set distill.teacher_cache: null")
         layout = CacheLayout.of(objective.teacher_reads, teacher.config)
         on_main(cache_dir, cache_id, lambda: build_teacher_cache(  # one process builds it; the others read it
             objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
@@ -447,7 +438,9 @@ def _distill_step(
         train_set = with_cache_index(train_set)
     if name == "intermediate":
         mark_stage_started(folder)
-    train(objective, train_set, collate, train_config, folder, run_id, f"distill ({name} step)", device=device)
+    lengths = spec.type.example_lengths(train_set) if train_config.group_by_length else None
+    train(objective, train_set, collate, train_config, folder, run_id, f"distill ({name} step)", device=device,
+          lengths=lengths)
     return objective
 
 
@@ -528,7 +521,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec).to(device)
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
-                                    device=device)
+                                    task_type=spec.type, device=device)
     mark_stage_started(folder)  # the step's wall time leaves out the teacher logits, timed in their own folder
     student = spec.type.model_class(spec).from_pretrained(folder.parent / "student_intermediate")
     weight = config.distill.weights.get("prediction", 1.0)
@@ -569,7 +562,7 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
 
 
 def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str, *,
-                        device: torch.device) -> datasets.Dataset:
+                        task_type: TaskType, device: torch.device) -> datasets.Dataset:
     """Add a ``teacher_logits`` column, (C,) per example, or (T_i, C) per example for a model with an output per
     token (no padding stored), computed once on ``device`` (where ``teacher`` is) and cached on disk: the prediction
     step then skips the teacher forward."""
@@ -577,7 +570,7 @@ def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder:
     def compute() -> None:  # one process computes them; the others then read them
         if finished_or_superseded(folder, run_id) is None:
             _start("teacher logits (cached for the prediction step)", folder)
-            logits = predict(teacher, train_set, tokenizer, device=device, batch_size=128)
+            logits = predict(teacher, train_set, tokenizer, task_type=task_type, device=device, batch_size=128)
             value = datasets.Value("float32")  # the logits' own dtype: the same numbers in half the space of float64
             feature = datasets.Sequence(datasets.Sequence(value) if isinstance(logits, list) else value)
             datasets.Dataset(pyarrow.table({"teacher_logits": logit_rows(logits)})).cast(
@@ -653,9 +646,9 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
         timings, timed = [stored], {"key": key, "timed_at": timed_at, "reused": True}
     else:
         timed = {"key": key, "timed_at": datetime.now().astimezone().isoformat(timespec="seconds"), "reused": False}
-        timings = [time_models(models, config.report)]
+        timings = [time_models(models, config.report, task_type=spec.type)]
         if accelerator:
-            timings.append(time_models(models, config.report, device, prefix=f"{device.type}_"))
+            timings.append(time_models(models, config.report, device, prefix=f"{device.type}_", task_type=spec.type))
     for timing in timings:
         for name, values in timing.items():
             entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
@@ -971,8 +964,7 @@ def data_preview(config: PipelineConfig, num_rows: int = 3) -> str:
     elif not all(Path(name).exists() for name in (task.train_file, task.dev_file)):
         return f"data: {task.train_file}, {task.dev_file} (hub data sets), read when the run starts"
     data, source = load_task_data_with_source(task, spec)
-    labels = ("a score (regression)" if spec.is_regression else "answers, spans of the context"
-              if spec.task_type == "question_answering" else ", ".join(spec.label_names))
+    labels = spec.type.describe_labels(spec)
     lines = [f"data: {source.describe()}",
              f"{spec.type.description} ({spec.task_type}): columns {', '.join(spec.text_columns)}; labels: {labels}"]
     train = data["train"]
@@ -987,7 +979,7 @@ def _preview_row(row: dict, spec: TaskSpec, width: int = 60) -> str:
         if isinstance(value, str):
             return repr(value if len(value) <= width else value[:width] + "...")
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(spec.label_names) \
-                and spec.task_type != "question_answering":
+                and spec.type.labels_are_classes:
             return spec.label_names[value]
         if isinstance(value, list):
             items = [shown(v) for v in value[:12]]

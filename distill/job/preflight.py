@@ -40,7 +40,8 @@ def preflight(config: PipelineConfig) -> None:
         kind = task_spec(config.task).type
         if not kind.supports_augmentation:
             raise ConfigError(f"augment.enabled: TinyBERT's word replacement would change the labels of a "
-                              f"{kind.description} (answers and their offsets); set augment.enabled: false")
+                              f"{kind.description} {kind.augmentation_refusal}; set augment.enabled: false (or auto)"
+                              .replace("  ", " "))
         if config.augment.replace_entities and config.distill.hard_label_weight > 0:
             # measured on WNUT-17: the teacher gives a replaced entity word the tag its copy keeps 13% of the time
             logger.warning("augment.replace_entities with distill.hard_label_weight=%g: a copy keeps the tags of the "

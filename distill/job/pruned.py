@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from transformers import DataCollatorWithPadding
 
 from distill.method.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started
-from distill.tasks.data import TaskSpec, collator, tokenize
+from distill.tasks.base import TaskSpec
+from distill.tasks.data import collator, tokenize
 from distill.tasks.evaluate import evaluate_task
 from distill.method.layer_map import build_layer_map
 from distill.job.processes import on_main

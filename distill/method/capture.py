@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -359,8 +360,8 @@ class ModelOutputs:
     """One standard record of a model's outputs, the only thing losses see.
 
     Attributes:
-        logits: (B, C) classification logits, (B, 1) for regression, (B, T, C) per token, (B, T, 2) start and end
-            logits of a QA head (:func:`head_logits`); None for a bare encoder.
+        logits: the head's output as the task type reads it: (B, C) per example, (B, T, C) per token (a head of
+            several outputs stacked in the last dimension); None for a bare encoder.
         hidden_states: L+1 tensors (B, T, H); index 0 is the embedding output.
         attentions: L entries, (B, A, T, T) pre-softmax scores QKᵀ/√d of each captured layer, None for the others.
         attention_mask: (B, T), 1 for real tokens, 0 for padding.
@@ -377,17 +378,15 @@ class ModelOutputs:
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def head_logits(outputs) -> torch.Tensor | None:
-    """The head's output as one tensor: ``outputs.logits`` ((B, C) or (B, T, C)), or for a question-answering head
-    its ``start_logits`` and ``end_logits`` stacked into (B, T, 2); None for a bare encoder."""
-    logits = getattr(outputs, "logits", None)
-    if logits is None and getattr(outputs, "start_logits", None) is not None:
-        return torch.stack((outputs.start_logits, outputs.end_logits), dim=-1)
-    return logits
+def default_logits(outputs) -> torch.Tensor | None:
+    """``outputs.logits`` ((B, C) or (B, T, C)); None for a bare encoder or a head of other outputs."""
+    return getattr(outputs, "logits", None)
 
 
-def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attentions: bool = True) -> ModelOutputs:
-    """Forward ``model`` on ``batch`` and fill a :class:`ModelOutputs`.
+def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attentions: bool = True,
+              logits: Callable[[Any], torch.Tensor | None] = default_logits) -> ModelOutputs:
+    """Forward ``model`` on ``batch`` and fill a :class:`ModelOutputs`; ``logits`` reads the head's output from the
+    model's (the task type's :meth:`~distill.tasks.TaskType.logits`, given by the objective's head).
 
     Only the model inputs are passed (``input_ids``, ``attention_mask``, ``token_type_ids`` when the model has
     token types); labels are ignored so no loss is computed inside the model.
@@ -401,7 +400,7 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
             outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=False)
             qkv = hooks.take_qkv()
         return ModelOutputs(
-            logits=head_logits(outputs),
+            logits=logits(outputs),
             hidden_states=tuple(outputs.hidden_states or ()),
             attentions=hooks.collect() if attentions else (),
             attention_mask=batch["attention_mask"],
@@ -417,7 +416,7 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
         returned = tuple(by_layer.get(i) for i in range(model.config.num_hidden_layers))
     sink = getattr(model, "qkv_sink", None)
     return ModelOutputs(
-        logits=head_logits(outputs),
+        logits=logits(outputs),
         hidden_states=tuple(outputs.hidden_states or ()),
         attentions=returned,
         attention_mask=batch["attention_mask"],
@@ -463,6 +462,9 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
     reference = model(**probe, output_hidden_states=True, output_attentions=True)
     enable_score_capture(model, layers, fused, qkv_layers)
     captured = run_model(model, probe)
+    outputs = model(**probe)  # every head output with capture on (logits; a QA head's start and end logits)
+    if getattr(model, "qkv_sink", None) is not None:
+        model.qkv_sink.take()  # that forward's projections: the sink must start the next one empty
     model.train(was_training)
 
     def fail(what: str):
@@ -501,11 +503,13 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
         probs = torch.softmax(products.float().masked_fill(~mask, torch.finfo(torch.float32).min), dim=-1)
         if not torch.allclose(probs, reference.attentions[i].float(), atol=1e-4):
             fail(f"the query and key projections captured at layer {i + 1} do not give its attention")
-    if head_logits(reference) is not None:
-        tolerance = 1e-4 if fused else 1e-5
-        expected = head_logits(reference)
-        if not torch.allclose(captured.logits, expected, atol=tolerance):
-            fail(f"its logits with capture differ from eager ones by {float((captured.logits - expected).abs().max()):.2e}")
+    tolerance = 1e-4 if fused else 1e-5
+    for name, expected in reference.items():
+        if name in ("hidden_states", "attentions") or not isinstance(expected, torch.Tensor):
+            continue
+        found = outputs[name]
+        if not torch.allclose(found, expected, atol=tolerance):
+            fail(f"its {name} with capture differ from eager ones by {float((found - expected).abs().max()):.2e}")
 
 
 def _probe_batch(config, device) -> dict:

@@ -325,35 +325,59 @@ def prediction_loss(
     teacher_logits: torch.Tensor,
     temperature: float = 1.0,
     temperature_squared: bool = False,
-    regression: bool = False,
     labels: torch.Tensor | None = None,
     hard_label_weight: float = 0.0,
 ) -> torch.Tensor:
-    """The prediction-step loss: soft cross-entropy (or MSE for regression) plus an optional hard-label term.
+    """The prediction-step loss on class logits: soft cross-entropy to the teacher's (TinyBERT Eq. 10) plus an
+    optional cross-entropy to the gold labels.
 
     Args:
-        student_logits, teacher_logits: (B, C), or (B, 1) for regression.
+        student_logits, teacher_logits: (B, C).
         temperature: t of :func:`soft_cross_entropy`.
         temperature_squared: multiply the soft term by t² (Hinton et al., 2015), keeping gradient scale across t.
-        regression: use MSE to the teacher's prediction (e.g. STS-B) instead of soft cross-entropy.
-        labels: (B,) gold labels, needed when ``hard_label_weight`` > 0.
-        hard_label_weight: weight of cross-entropy (MSE for regression) to the gold labels.
+        labels: (B,) gold class ids, needed when ``hard_label_weight`` > 0.
+        hard_label_weight: weight of the cross-entropy to the gold labels.
 
     Returns:
-        Scalar.
+        Scalar, float32.
+
+    Raises:
+        ValueError: ``hard_label_weight`` > 0 without ``labels``.
     """
-    if regression:
-        loss = F.mse_loss(student_logits.float().squeeze(-1), teacher_logits.float().squeeze(-1))
-    else:
-        loss = soft_cross_entropy(student_logits, teacher_logits, temperature)
-        if temperature_squared:
-            loss = loss * temperature**2
+    loss = soft_cross_entropy(student_logits, teacher_logits, temperature)
+    if temperature_squared:
+        loss = loss * temperature**2
     if hard_label_weight > 0:
         if labels is None:
             raise ValueError("hard_label_weight > 0 needs gold labels in the batch")
-        if regression:
-            hard = F.mse_loss(student_logits.float().squeeze(-1), labels.float())
-        else:
-            hard = F.cross_entropy(student_logits.float(), labels)
-        loss = loss + hard_label_weight * hard
+        loss = loss + hard_label_weight * F.cross_entropy(student_logits.float(), labels)
+    return loss
+
+
+def score_loss(
+    student_scores: torch.Tensor,
+    teacher_scores: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    hard_label_weight: float = 0.0,
+) -> torch.Tensor:
+    """The prediction-step loss on one real-valued output: MSE to the teacher's score (no temperature), plus an
+    optional MSE to the gold scores.
+
+    Args:
+        student_scores, teacher_scores: (B, 1) or (B,).
+        labels: (B,) gold scores, needed when ``hard_label_weight`` > 0.
+        hard_label_weight: weight of the MSE to the gold scores.
+
+    Returns:
+        Scalar, float32.
+
+    Raises:
+        ValueError: ``hard_label_weight`` > 0 without ``labels``.
+    """
+    student = student_scores.float().reshape(len(student_scores))
+    loss = F.mse_loss(student, teacher_scores.float().reshape(len(teacher_scores)))
+    if hard_label_weight > 0:
+        if labels is None:
+            raise ValueError("hard_label_weight > 0 needs gold labels in the batch")
+        loss = loss + hard_label_weight * F.mse_loss(student, labels.float())
     return loss

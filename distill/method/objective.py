@@ -13,12 +13,13 @@ A frozen teacher lives outside ``trainable``: it is never optimised or checkpoin
 from __future__ import annotations
 
 import inspect
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from distill.method.capture import CaptureError, capture_support, check_capture, run_model
-from distill.tasks import TaskType, get_task_type
+from distill.method.losses import prediction_loss
 from distill.method.teacher_cache import cached_outputs
 from distill.method.terms import LOSS_TERMS, TeacherOutputs, teacher_reads, terms_of
 
@@ -84,12 +85,44 @@ class MaskedLMObjective(nn.Module):
         return loss, {"mlm": loss.detach()}
 
 
+class PredictionHead(Protocol):
+    """What the prediction term asks of a head, given by the task's type (:meth:`distill.tasks.TaskType.
+    prediction_head`), as TextBrewer's adaptor hands a distiller its logits and losses: the method knows no task.
+
+    Shapes: B batch; logits (B, C) per example or (B, T, C) per token, as the head gives them."""
+
+    def logits(self, outputs) -> torch.Tensor | None:
+        """The head's output of a `transformers` model output as one tensor; None for a bare encoder."""
+
+    def loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict, *, temperature: float,
+             temperature_squared: bool, hard_label_weight: float) -> torch.Tensor:
+        """The prediction loss, a float32 scalar (TinyBERT Eq. 10 in the head's output space)."""
+
+    def inputs_differ(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """Scalar bool: whether the logits differ where the loss reads them."""
+
+
+class SoftTargets:
+    """The default head: (B, C) logits, TinyBERT's soft cross-entropy against the teacher's (Eq. 10), with the
+    temperature, T² scaling and gold-label term of :func:`distill.method.losses.prediction_loss`."""
+
+    def logits(self, outputs) -> torch.Tensor | None:
+        return getattr(outputs, "logits", None)
+
+    def loss(self, student_logits, teacher_logits, batch, *, temperature, temperature_squared, hard_label_weight):
+        return prediction_loss(student_logits, teacher_logits, temperature, temperature_squared, batch.get("labels"),
+                               hard_label_weight)
+
+    def inputs_differ(self, student_logits, teacher_logits, batch):
+        return (student_logits.float() != teacher_logits.float()).any()
+
+
 class DistillationObjective(nn.Module):
     """TinyBERT's distillation objective for one step (Jiao et al., 2020, Eq. 11).
 
     The loss is Σ_terms weight · term over the registered terms of :data:`distill.method.terms.LOSS_TERMS`: ``embedding``
     (layer 0 ↔ 0), ``hidden`` (m ↔ g(m), m = 1..M), ``attention`` (m ↔ g(m)), summed over mapped layers, and
-    ``prediction``, the soft cross-entropy on logits (MSE for regression).
+    ``prediction``, the head's prediction loss (soft cross-entropy on logits, Eq. 10; what the task's type makes of it).
 
     Args:
         teacher: frozen teacher (put in eval mode, gradients off).
@@ -100,9 +133,9 @@ class DistillationObjective(nn.Module):
         share_projection: one W for the embedding and all hidden layers (reference code) instead of W_e and W_h
             (paper). Projections exist only where h_S ≠ h_T.
         temperature, temperature_squared, hard_label_weight: see :func:`distill.method.losses.prediction_loss`.
-        regression: the task is regression (single output); prediction uses MSE.
-        task_type: the task type whose ``prediction_loss`` the prediction term computes (:mod:`distill.tasks`; None:
-            sequence classification, the logits (B, C)).
+        head: what the prediction term asks of the models' head (:class:`PredictionHead`: their logits, the loss
+            between them and whether its inputs differ), given by the task's type; None: :class:`SoftTargets`,
+            TinyBERT's soft cross-entropy on (B, C) logits. The objective reads no task name.
         relation_heads: relation heads of the MiniLMv2 ``relation`` term (must divide both widths).
         hidden_loss: "mse" (TinyBERT Eq. 8, 9) or "normalized": the embedding and hidden terms divide each layer's
             squared error by the teacher's variation over the batch's real tokens (Σ‖h_T − μ‖²), so a teacher layer
@@ -124,10 +157,9 @@ class DistillationObjective(nn.Module):
         temperature: float = 1.0,
         temperature_squared: bool = False,
         hard_label_weight: float = 0.0,
-        regression: bool = False,
         relation_heads: int = 12,
         hidden_loss: str = "mse",
-        task_type: TaskType | None = None,
+        head: PredictionHead | None = None,
     ):
         super().__init__()
         unknown = set(terms) - set(LOSS_TERMS)
@@ -142,8 +174,7 @@ class DistillationObjective(nn.Module):
         self.temperature = temperature
         self.temperature_squared = temperature_squared
         self.hard_label_weight = hard_label_weight
-        self.regression = regression
-        self.task_type = task_type if task_type is not None else get_task_type("sequence_classification")
+        self.head = head if head is not None else SoftTargets()
         self.relation_heads = relation_heads
         if hidden_loss not in ("mse", "normalized"):
             raise ValueError(f"hidden_loss must be mse or normalized, got {hidden_loss!r}")
@@ -194,8 +225,10 @@ class DistillationObjective(nn.Module):
         teacher = cached_outputs(batch, self.teacher.config.num_hidden_layers)
         if teacher is None and (self.needs_intermediate or cached_logits is None):  # cached logits: no teacher forward
             with torch.no_grad():
-                teacher = run_model(self.teacher, batch, self.needs_intermediate, self.needs_attentions)
-        student = run_model(self.trainable["student"], batch, self.needs_intermediate, self.needs_attentions)
+                teacher = run_model(self.teacher, batch, self.needs_intermediate, self.needs_attentions,
+                                    logits=self.head.logits)
+        student = run_model(self.trainable["student"], batch, self.needs_intermediate, self.needs_attentions,
+                            logits=self.head.logits)
         # The teacher's outputs were made for this step alone; the terms get them through one object that lets the
         # last reader of a buffer overwrite it, and refuses reads once the terms are done.
         outputs = TeacherOutputs(teacher, cached_logits, self.teacher_reads)
@@ -215,8 +248,8 @@ def intermediate_terms(weights: dict[str, float]) -> dict[str, float]:
 
 
 def prediction_terms(weights: dict[str, float], hard_label_weight: float) -> dict[str, float]:
-    """The prediction step's loss terms with their effective weights: ``prediction`` (the soft cross-entropy, or MSE
-    for regression, at ``weights["prediction"]``, default 1) and, when ``hard_label_weight`` is above 0, the
+    """The prediction step's loss terms with their effective weights: ``prediction`` (the head's prediction loss, at
+    ``weights["prediction"]``, default 1) and, when ``hard_label_weight`` is above 0, the
     gold-label term ``hard_label``. The gold-label loss is added inside the prediction term, which the objective
     then weights, so its effective weight is the product; with the prediction term weighted 0 it does not run."""
     weight = weights.get("prediction", 1.0)

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 import torch
 
 from distill.method.capture import ModelOutputs
 from distill.method.losses import attention_error, hidden_error, relation_error, teacher_variation
-
-if TYPE_CHECKING:
-    from distill.method.objective import DistillationObjective
 
 # A teacher buffer: ("hidden_states", l) for layer l (0: embeddings), ("attentions", l) for layer l's scores and
 # ("qkv", l) for its query/key/value projections (1-based, as the layer map), ("logits", 0).
@@ -115,7 +112,7 @@ class LossTerm:
     step: str
     teacher_reads: Callable[[list[int]], list[Read]]
     reads_attentions: bool
-    compute: Callable[["DistillationObjective", ModelOutputs, TeacherOutputs, dict], TermValue]
+    compute: Callable[[Any, ModelOutputs, TeacherOutputs, dict], TermValue]  # (the objective, ...)
     source: str
     default_weight: float = 1.0  # the weight when distill.weights does not name the term (0: off unless asked for)
     reads_qkv: bool = False  # the models must return the query/key/value projections of the last mapped layer
@@ -172,12 +169,10 @@ def _relation(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: 
 
 def _prediction(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     target, _ = teacher.take("logits")
-    loss = objective.task_type.prediction_loss(
-        student.logits, target, batch.get("labels"), temperature=objective.temperature,
-        temperature_squared=objective.temperature_squared, hard_label_weight=objective.hard_label_weight,
-        regression=objective.regression, batch=batch)
-    return TermValue(loss, objective.task_type.prediction_inputs_differ(student.logits, target, batch.get("labels"),
-                                                                         batch))
+    head = objective.head  # the task type's answers (distill.method.objective.PredictionHead): no task name here
+    loss = head.loss(student.logits, target, batch, temperature=objective.temperature,
+                     temperature_squared=objective.temperature_squared, hard_label_weight=objective.hard_label_weight)
+    return TermValue(loss, head.inputs_differ(student.logits, target, batch))
 
 
 LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (
@@ -192,7 +187,7 @@ LOSS_TERMS: dict[str, LossTerm] = {term.name: term for term in (
              "relations at the student's last layer and its mapped teacher layer; no projections, any head counts",
              default_weight=0.0, reads_qkv=True),
     LossTerm("prediction", "prediction", lambda layer_map: [("logits", 0)], False, _prediction,
-             "TinyBERT Eq. 10: soft cross-entropy on logits (MSE for regression), in the task type's output space "
+             "TinyBERT Eq. 10: soft cross-entropy on logits, in the head's output space as the task type defines it "
              "(per scored token for token classification)"),
 )}
 

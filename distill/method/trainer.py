@@ -241,6 +241,7 @@ def train(
     device: torch.device | None = None,
     selection: Selection | None = None,
     prefetch: bool = True,
+    lengths: list[int] | None = None,
 ) -> TrainState:
     """Optimise ``objective.trainable`` on ``dataset``; resume from ``output_dir/checkpoints`` when present.
 
@@ -259,6 +260,8 @@ def train(
         prefetch: collate the next batches of an indexable dataset in a background thread while the step runs
             (:func:`prefetched`; pinned for a CUDA device). Off for a ``collate_fn`` that draws from the global RNG
             (the masked-LM collator's masks), whose draws must stay in order with the step's for exact resume.
+        lengths: tokens per example for ``group_by_length`` (the task type's count for its input layout,
+            :meth:`distill.tasks.TaskType.example_lengths`); None: :func:`example_lengths` of ``input_ids``.
 
     Returns:
         The final :class:`TrainState`; ``objective.trainable`` holds the trained (or, with ``selection``, the best)
@@ -294,7 +297,7 @@ def train(
     torch.manual_seed(config.seed)
     world = accelerator.num_processes
     data = _Batches(dataset, collate_fn, config, accelerator.process_index, world,
-                    prefetch=PREFETCH_BATCHES if prefetch else 0, pin=device.type == "cuda")
+                    prefetch=PREFETCH_BATCHES if prefetch else 0, pin=device.type == "cuda", lengths=lengths)
     steps = total_steps(config, data.num_examples, world)
     objective.to(device)
     trainable = objective.trainable
@@ -582,7 +585,7 @@ class _Batches:
     must be that of the batches trained on)."""
 
     def __init__(self, dataset, collate_fn: Callable[[list], dict], config: TrainConfig, rank: int, world: int,
-                 prefetch: int = 0, pin: bool = False):
+                 prefetch: int = 0, pin: bool = False, lengths: list[int] | None = None):
         self.dataset, self.collate_fn, self.config = dataset, collate_fn, config
         self.rank, self.world = rank, world
         self.prefetch, self.pin = prefetch, pin
@@ -597,7 +600,12 @@ class _Batches:
             self.num_examples = 0
             return
         self.num_examples = len(dataset)
-        lengths = example_lengths(dataset) if config.group_by_length else None
+        if config.group_by_length:
+            lengths = lengths if lengths is not None else example_lengths(dataset)
+            if len(lengths) != len(dataset):
+                raise ValueError(f"group_by_length: {len(lengths)} lengths for {len(dataset)} examples")
+        else:
+            lengths = None
         self.sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, rank, world, lengths)
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator())

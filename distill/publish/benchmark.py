@@ -43,7 +43,8 @@ import torch
 
 from distill.method.checkpoint import write_json_atomic
 from distill.config import BenchmarkConfig
-from distill.tasks.data import TaskSpec, tokenize
+from distill.tasks.base import TaskSpec
+from distill.tasks.data import tokenize
 from distill.device import is_accelerator, run_device, synchronize, torch_threads
 from distill.tasks.evaluate import compute_metrics, predict
 from distill.publish.export import (
@@ -51,7 +52,6 @@ from distill.publish.export import (
     ONNX_FOLDER,
     OnnxClassifier,
     export_onnx,
-    input_names,
     quantize_onnx,
     quantize_torch,
     reusable_export,
@@ -80,9 +80,9 @@ class Row:
 
 
 def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work: Path, max_length: int,
-               device: torch.device) -> list[Row]:
+               device: torch.device, spec: TaskSpec) -> list[Row]:
     """The row of a checkpoint, one row per compression variant in ``config.compress``, and when ``device`` is an
-    accelerator its fp32 and fp16 rows there."""
+    accelerator its fp32 and fp16 rows there (``spec``: the task, whose type reads the head's outputs of an export)."""
     model = load_head_model(folder).eval()
     parameters = count_parameters(model)
     rows = [Row(name, name, "pytorch", model, folder, size_mb(folder), parameters, init)]
@@ -106,7 +106,7 @@ def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work
             logger.info("%s: timing the exported files in %s", name, folder / ONNX_FOLDER)
         else:
             paths = {"onnx": work / f"{name}.onnx", "onnx-int8": work / f"{name}.int8.onnx"}
-            difference = export_onnx(model, paths["onnx"], max_length)
+            difference = export_onnx(model, paths["onnx"], max_length, spec.type)
             logger.info("%s: exported to %s (max |logit difference| %.1e)", name, paths["onnx"], difference)
             if "onnx-int8" in wanted:
                 quantize_onnx(paths["onnx"], paths["onnx-int8"])
@@ -117,20 +117,17 @@ def model_rows(name: str, folder: Path, init: str, config: BenchmarkConfig, work
     return rows
 
 
-def _random_inputs(vocab_size: int, batch_size: int, length: int, names: list[str], seed: int) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000 if vocab_size > 2000 else 1, vocab_size, (batch_size, length), generator=generator)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if "token_type_ids" in names:
-        inputs["token_type_ids"] = torch.zeros_like(ids)
-    return inputs
+def _random_inputs(spec: TaskSpec, config, batch_size: int, length: int, seed: int) -> dict:
+    """The task type's example inputs (:meth:`distill.tasks.TaskType.example_inputs`) of ``config``'s vocabulary,
+    drawn from a generator seeded with ``seed``."""
+    return spec.type.example_inputs(config, batch_size, length, torch.Generator().manual_seed(seed))
 
 
 MIN_TIMED_RUNS = 3  # the fewest timed runs a setting gets under the time budget: a median and a p90 to read
 
 
 @torch.no_grad()
-def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: list[str]) -> dict[str, dict]:
+def time_rows(rows: list[Row], config: BenchmarkConfig, spec: TaskSpec, model_config) -> dict[str, dict]:
     """Latency of every row at every (batch size, length), interleaved, repeated until the spread is small, the cap
     is reached or the setting's share of ``config.time_budget_s`` (warm-up included) is spent; a row on an accelerator
     gets its inputs there and is timed to the end of its run.
@@ -145,7 +142,7 @@ def time_rows(rows: list[Row], config: BenchmarkConfig, vocab_size: int, names: 
         for length in config.seq_lengths:
             key = f"b{batch_size}_t{length}"
             started = time.perf_counter()
-            cpu_inputs = _random_inputs(vocab_size, batch_size, length, names, seed=batch_size * 1000 + length)
+            cpu_inputs = _random_inputs(spec, model_config, batch_size, length, seed=batch_size * 1000 + length)
             inputs = {row.name: {k: v.to(row.device) for k, v in cpu_inputs.items()} for row in rows}
             for _ in range(config.num_warmup):
                 for row in rows:
@@ -278,17 +275,17 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
     rows: list[Row] = []
     for name, (folder, init) in models.items():
         logger.info("benchmark: preparing %s (%s)", name, folder)
-        rows.extend(model_rows(name, folder, init, config, work, max_length, device))
+        rows.extend(model_rows(name, folder, init, config, work, max_length, device, spec))
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
     labels = encoded["labels"]  # (N,), or per example (T_i,) for token classification: compute_metrics takes both
     for row in rows:
-        row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer, device=row.device), labels)
+        row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer, task_type=spec.type,
+                                                           device=row.device), labels)
         logger.info("%s: %s", row.name, row.results["dev"])
     reference = rows[0].model
-    names = input_names(reference)
     started = time.perf_counter()
-    timing = time_rows(rows, config, reference.config.vocab_size, names)
+    timing = time_rows(rows, config, spec, reference.config)
     timing_seconds = time.perf_counter() - started
     largest = f"b{max(config.batch_sizes)}_t{max(config.seq_lengths)}"
     sources = {row.model_name: row.artefact for row in rows if row.variant == "pytorch"}
@@ -296,8 +293,7 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
         row.results["latency"] = timing[row.name]
         row.results["samples_per_s"] = max(config.batch_sizes) / (timing[row.name][largest]["median_ms"] / 1000)
         if config.memory and not is_accelerator(row.device):
-            inputs = _random_inputs(reference.config.vocab_size, max(config.batch_sizes), max(config.seq_lengths),
-                                    names, seed=0)
+            inputs = _random_inputs(spec, reference.config, max(config.batch_sizes), max(config.seq_lengths), seed=0)
             row.results["memory"] = peak_memory(row, sources[row.model_name], inputs, config.num_threads)
     report = _report(rows, spec, config, largest, device)
     report["setup"]["timing_seconds"] = timing_seconds

@@ -14,7 +14,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from distill.config import PipelineConfig, StudentConfig, TrainConfig
-from distill.tasks.data import TaskSpec
+from distill.tasks.base import TaskSpec
 from distill.publish.report import chance_note
 from students import RELATIVE_PRESETS, student_shape
 from teachers.assets import HUB_IDS
@@ -52,7 +52,7 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
 
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
                  step2: dict | None = None, num_unlabelled: int = 0, num_augmented: int | None = None,
-                 regression: bool = False) -> list[str]:
+                 temperature: bool = True) -> list[str]:
     """How a student was made, in words for its model card, read from what ran where the stage records say it.
 
     Args:
@@ -64,7 +64,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
         num_rows: rows of the distillation training set.
         num_unlabelled: how many of them are unlabelled text (``augment.unlabelled``).
         num_augmented: how many of them are augmented copies (None: not known, the settings alone are listed).
-        regression: the task is regression, whose prediction loss (MSE) has no temperature.
+        temperature: the prediction loss reads the temperature (:meth:`distill.tasks.TaskType.uses_temperature`; a
+            regression MSE does not).
     """
     teacher = config.teacher
     made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
@@ -97,7 +98,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
              ("layer map: none, no layer is matched (logit-only distillation)" if skipped
               else f"layer map (student 0..M -> teacher): {step1.get('layer_map')}"),
              f"loss weights (the terms that ran): {weights}"
-             + (_temperature(config.distill) if "prediction" in weights and not regression else ""),
+             + (_temperature(config.distill) if "prediction" in weights and temperature else ""),
              ("intermediate step: skipped (every intermediate loss weight is 0)" if skipped
               else f"intermediate step: {_budget(config.distill.intermediate)}")
              + f"; prediction step: {_budget(config.distill.prediction)}"]

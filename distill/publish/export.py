@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from distill.method.capture import head_logits
 from distill.method.checkpoint import write_json_atomic
 from distill.tasks.data import TaskSpec, tokenize
 from distill.tasks.evaluate import compute_metrics, predict
@@ -54,21 +53,18 @@ def output_names(model: torch.nn.Module, probe: dict) -> list[str]:
         return [name for name in model(**probe).keys() if name not in ("hidden_states", "attentions")]
 
 
-def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
+def export_onnx(model: torch.nn.Module, path: Path, max_length: int, task_type) -> float:
     """Export a model with a head to ONNX with dynamic batch size and length, its outputs named as the model names
     them (:func:`output_names`, as Optimum and ``pipeline()`` expect); returns the largest absolute difference of its
-    logits from PyTorch's on a probe batch (a check that the graph is the model).
+    logits from PyTorch's on a probe batch (a check that the graph is the model). ``task_type`` (the task's
+    :class:`distill.tasks.TaskType`) gives the probe inputs of its layout and reads the head's logits.
 
     Raises:
         RuntimeError: the exported graph's logits differ from the model's by more than 1e-3.
     """
     model = model.eval()
     names = input_names(model)
-    probe = {name: torch.ones(2, 16, dtype=torch.long) for name in names}
-    probe["input_ids"] = torch.randint(1000 if model.config.vocab_size > 2000 else 1, model.config.vocab_size, (2, 16),
-                                       generator=torch.Generator().manual_seed(0))
-    if "token_type_ids" in probe:
-        probe["token_type_ids"].zero_()
+    probe = task_type.example_inputs(model.config, 2, 16, torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1, max=4096)
     length = torch.export.Dim("length", min=2, max=max_length)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,19 +79,19 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int) -> float:
     session, difference = OnnxClassifier(path), 0.0
     for inputs in (probe, padded):
         with torch.no_grad():
-            expected = head_logits(model(**inputs)).numpy()
-        found = head_logits(session(**inputs)).numpy()
-        keep = np.broadcast_to(_real_positions(inputs, expected.shape), expected.shape)
+            expected = task_type.logits(model(**inputs)).numpy()
+        found = task_type.logits(session(**inputs)).numpy()
+        keep = np.broadcast_to(_real_positions(inputs, expected.shape, task_type.per_token), expected.shape)
         difference = max(difference, float(np.abs(found - expected)[keep].max()))
     if difference > 1e-3:
         raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
     return difference
 
 
-def _real_positions(inputs: dict, shape: tuple) -> np.ndarray:
-    """Where logits of shape (B, C) or (B, T, ...) are read: every row, and for per-token logits the real tokens only
-    (a padded position's logits are never read)."""
-    if len(shape) < 3 or "attention_mask" not in inputs:
+def _real_positions(inputs: dict, shape: tuple, per_token: bool) -> np.ndarray:
+    """Where logits of shape (B, C) or, ``per_token``, (B, T, C) are read: every row, and for per-token logits the
+    real tokens only (a padded position's logits are never read)."""
+    if not per_token or "attention_mask" not in inputs:
         return np.ones((shape[0],) + (1,) * (len(shape) - 1), dtype=bool)
     mask = inputs["attention_mask"].numpy().astype(bool)
     return mask.reshape(mask.shape + (1,) * (len(shape) - 2))
@@ -209,7 +205,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     serving = record_serving(model, spec, max_seq_length, keep=True)  # a QA reader's windows, kept if saved
     if model.config.to_json_string() != before:  # a student saved without them gets them beside its weights
         model.config.save_pretrained(folder)
-    export_onnx(model, out / FILES["onnx"], max(128, max_seq_length))
+    export_onnx(model, out / FILES["onnx"], max(128, max_seq_length), spec.type)
     names = [FILES["onnx"]]
     if int8:
         quantize_onnx(out / FILES["onnx"], out / FILES["onnx-int8"])
@@ -219,11 +215,11 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     model.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
-    reference = predict(model, encoded, tokenizer, device="cpu")
+    reference = predict(model, encoded, tokenizer, task_type=spec.type, device="cpu")
     labels = encoded["labels"]  # (N,), per example (T_i,) for token classification, a record per QA feature
     files = {}
     for name in names:
-        logits = predict(OnnxClassifier(out / name), encoded, tokenizer, device="cpu")
+        logits = predict(OnnxClassifier(out / name), encoded, tokenizer, task_type=spec.type, device="cpu")
         same = spec.type.same_prediction(logits, reference, spec, labels)
         difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(logits, reference))
         files[name] = {"size_mb": (out / name).stat().st_size / 1e6,

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from distill.method.checkpoint import write_json_atomic
-from distill.config import METRICS, ReportConfig, to_dict
+from distill.tasks import metric_names as known_metrics
+from distill.config import ReportConfig, to_dict
 from distill.device import synchronize, torch_threads
 from teachers.finetune import CHANCE_MARGIN
 
@@ -43,19 +44,15 @@ def count_parameters(model: torch.nn.Module) -> dict[str, int]:
     return {"num_parameters": total, "num_parameters_without_embeddings": total - embedding}
 
 
-def _inputs(model: torch.nn.Module, batch_size: int, seq_length: int, generator: torch.Generator) -> dict:
-    vocab = model.config.vocab_size
-    ids = torch.randint(1000 if vocab > 2000 else 1, vocab, (batch_size, seq_length), generator=generator)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-
 @torch.no_grad()
 def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device: torch.device | str = "cpu",
-                prefix: str = "") -> dict[str, dict]:
+                prefix: str = "", *, task_type) -> dict[str, dict]:
     """Latency of each model at each batch size on ``device``, timed interleaved.
 
     Args:
         models: {name: model}; each is moved to ``device`` (the report owns these copies).
+        task_type: the task's :class:`distill.tasks.TaskType`, whose :meth:`~distill.tasks.TaskType.example_inputs`
+            are the inputs timed (random ids of the model's vocabulary, every position real).
         config: batch sizes, length, warm-up and repeats, threads.
         device: where to time; on an accelerator each run is timed to its end (synchronised).
         prefix: put before each latency key (e.g. "cuda_" for the accelerator's timings).
@@ -71,8 +68,8 @@ def time_models(models: dict[str, torch.nn.Module], config: ReportConfig, device
         results: dict[str, dict] = {name: {"latency_ms": {}} for name in models}
         models = {name: model.eval().to(device) for name, model in models.items()}
         for batch_size in config.batch_sizes:
-            inputs = {name: {k: v.to(device) for k, v in _inputs(m, batch_size, config.seq_length, generator).items()}
-                      for name, m in models.items()}
+            inputs = {name: {k: v.to(device) for k, v in task_type.example_inputs(
+                m.config, batch_size, config.seq_length, generator).items()} for name, m in models.items()}
             for _ in range(config.num_warmup):
                 for name, model in models.items():
                     model(**inputs[name])
@@ -295,7 +292,7 @@ def write_report(report: dict, output_dir: Path) -> None:
 def markdown_table(flat: dict, timing: dict, run: dict | None = None) -> str:
     """``report.md``: what was run (task, data, config), the table of models, and notes on timing, noise, the
     teacher's selection and the stages' wall times."""
-    metric_names = [k for k in next(iter(flat.values())) if any(k == m or k.startswith(f"{m}_") for m in METRICS)]
+    metric_names = [k for k in next(iter(flat.values())) if any(k == m or k.startswith(f"{m}_") for m in known_metrics())]
     batches = list(next(iter(flat.values()))["latency_ms"])  # CPU "batch_B", then "<accelerator>_batch_B" if timed
     header = ["model", *metric_names, "params (M)", "size (MB)",
               *[f"latency {b.replace('_', ' ')} (ms, p10-p90)" for b in batches],

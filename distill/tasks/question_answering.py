@@ -9,7 +9,7 @@ none), the context and the gold answers. A feature whose window does not hold th
 point at [CLS] (position 0), the usual convention.
 
 The model's two outputs are stacked into one (B, T, 2) tensor, so the rest of the code (teacher-logit cache, padding,
-ONNX checks) treats them like per-token logits with two columns (:func:`distill.method.capture.head_logits`).
+ONNX checks) treats them like per-token logits with two columns (:meth:`QuestionAnswering.logits`).
 
 The prediction loss is soft cross-entropy over start positions and over end positions (TinyBERT Eq. 10 applied to
 each), averaged: (L_start + L_end) / 2, the scale of the model's own QA loss. Both softmaxes run over the positions
@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from contextlib import nullcontext
 from pathlib import Path
 
 import datasets
@@ -39,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+from distill.tasks.qa_postprocess import MAX_ANSWER_LENGTH, NO_SPAN, answers, best_span  # noqa: F401
+
 logger = logging.getLogger(__name__)
 
 QA_METRICS = ("f1", "exact_match")  # F1 first: the primary metric, as the SQuAD leaderboard ranks
-N_BEST = 20  # starts and ends considered per feature (run_qa.py's default)
-MAX_ANSWER_LENGTH = 30  # word pieces (run_qa.py's default)
-NO_SPAN = (-1, -1)  # the character span of a piece outside the context
 
 
 # The model config's entry (and the ONNX record's) with the windows a reader was scored with (reader_windows).
@@ -79,7 +78,6 @@ def read_squad(path: str | Path, spec=None) -> datasets.Dataset:
             answer's text is not at its ``answer_start`` in the context; the message names the file's line (and the
             character of a file of one line, as the official files are) and the question's id.
     """
-    from distill.tasks.data import DataError
 
     path = Path(path)
     if not path.is_file():
@@ -163,7 +161,6 @@ def tokenize_questions(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizer
         DataError: a slow tokenizer (no offsets), or ``max_seq_length`` too short to hold the special tokens, one
             question piece and more than ``doc_stride`` context pieces.
     """
-    from distill.tasks.data import DataError
 
     if not tokenizer.is_fast:
         raise DataError(f"question answering needs a fast tokenizer (offset mapping); {type(tokenizer).__name__} is "
@@ -271,72 +268,6 @@ def span_cross_entropy(student_logits: torch.Tensor, start_positions: torch.Tens
     return (F.cross_entropy(logits[..., 0], start_positions) + F.cross_entropy(logits[..., 1], end_positions)) / 2
 
 
-def best_span(logits: np.ndarray, offsets: list, n_best: int = N_BEST, max_answer_length: int = MAX_ANSWER_LENGTH
-              ) -> tuple[float, int, int] | None:
-    """The best valid answer span of one feature: the ``n_best`` highest starts and ends among the context's pieces,
-    an end not before its start, at most ``max_answer_length`` pieces, the highest start + end logit.
-
-    Args:
-        logits: (T_i, 2) start and end logits of the feature's pieces.
-        offsets: (T_i,) character spans ``[start, end]`` of the pieces, ``[-1, -1]`` outside the context.
-
-    Returns:
-        (score = start logit + end logit, first character, last character + 1), or None when no span is valid.
-    """
-    logits = np.asarray(logits)
-    # The n best among the context's pieces only: the prediction loss leaves the other positions' logits free, so
-    # they may score anything and must not crowd the context out of the n best (run_qa.py ranks every position).
-    context = np.array([k for k in range(min(len(logits), len(offsets))) if tuple(offsets[k]) != NO_SPAN], dtype=int)
-    if context.size == 0:
-        return None
-    starts = context[np.argsort(logits[context, 0], kind="stable")[::-1][:n_best]]
-    ends = context[np.argsort(logits[context, 1], kind="stable")[::-1][:n_best]]
-    best = None
-    for s in starts:
-        for e in ends:
-            if e < s or e - s + 1 > max_answer_length:
-                continue
-            score = float(logits[s, 0]) + float(logits[e, 1])  # in float64, as _span_probability's normaliser
-            if best is None or score > best[0]:
-                best = (score, int(offsets[s][0]), int(offsets[e][1]))
-    return best
-
-
-def answers(outputs: list[np.ndarray], labels: list[dict], max_answer_length: int = MAX_ANSWER_LENGTH
-            ) -> dict[int, dict]:
-    """Each question's predicted answer: the best span over its features (:func:`best_span`).
-
-    Args:
-        outputs: per feature (T_i, 2) logits. labels: per feature the ``labels`` of :func:`tokenize_questions`.
-        max_answer_length: the longest answer, in pieces.
-
-    Returns:
-        {question index: {"answer": text ("" when no span is valid), "start", "end" (characters of the context,
-        end exclusive; -1 without a span), "score" (the probability of the span's start times that of its end, each
-        a softmax over the feature's context pieces), "gold": [gold answers]}}.
-    """
-    found: dict[int, dict] = {}
-    for feature_logits, label in zip(outputs, labels):
-        question = label["example"]
-        span = best_span(feature_logits, label["offsets"], max_answer_length=max_answer_length)
-        if span is None:
-            best = {"answer": "", "start": -1, "end": -1, "score": 0.0, "logit": float("-inf")}
-        else:
-            best = {"answer": label["context"][span[1]:span[2]], "start": span[1], "end": span[2],
-                    "score": _span_probability(feature_logits, label["offsets"], span[0]), "logit": span[0]}
-        if question not in found or best["logit"] > found[question]["logit"]:
-            found[question] = {**best, "gold": list(label["answers"])}
-    return {question: {k: v for k, v in best.items() if k != "logit"} for question, best in found.items()}
-
-
-def _span_probability(logits: np.ndarray, offsets: list, span_logit: float) -> float:
-    """exp(start logit + end logit) over the start and end softmax normalisers of the context pieces."""
-    logits = np.asarray(logits, dtype=np.float64)[: len(offsets)]
-    context = np.array([tuple(o) != NO_SPAN for o in offsets[: len(logits)]])
-    normaliser = sum(float(np.logaddexp.reduce(logits[context, k])) for k in (0, 1))
-    return min(1.0, float(np.exp(span_logit - normaliser)))  # a probability, whatever the last bit of rounding
-
-
 def squad_metrics(outputs: list[np.ndarray], labels: list[dict]) -> dict[str, float]:
     """Exact match and F1 of the official SQuAD v1.1 script (``torchmetrics.functional.text.squad``), as fractions in
     [0, 1] (the script prints them × 100). One known difference: where prediction and gold both normalise to nothing
@@ -377,7 +308,6 @@ class QuestionAnsweringCollator:
         self.tokenizer = tokenizer
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        from distill.tasks import pad_rows
 
         inputs = [{k: f[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in f} for f in features]
         batch = dict(self.tokenizer.pad(inputs, return_tensors="pt"))
@@ -400,7 +330,6 @@ def squad_spec(config):
     Raises:
         DataError: no dev file, or metrics other than ``f1`` / ``exact_match``.
     """
-    from distill.tasks.data import DataError, TaskSpec
 
     if not config.dev_file:
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
@@ -411,129 +340,103 @@ def squad_spec(config):
                     dev_file=config.dev_file, train_file=config.train_file, task_type="question_answering")
 
 
-class QuestionAnswerer:
-    """Answers questions from their contexts with an extractive QA checkpoint or its ONNX file, the way the
-    evaluation reads answers (features over long contexts, the best valid span). ``transformers`` 5 removed its
-    ``question-answering`` pipeline; a saved student is a plain ``...ForQuestionAnswering`` checkpoint, which that
-    pipeline of ``transformers`` 4 reads as it is.
+class QuestionAnswering(TaskType):
+    """Extractive question answering: the answer is a span of the context, given by start and end logits stacked
+    into (T, 2) per feature (:mod:`distill.tasks.question_answering`: SQuAD v1.1 JSON, features over long contexts,
+    span post-processing, the official EM and F1). TinyBERT's augmentation is not used, as in the paper's SQuAD
+    runs: replacing context words would move or change the answers."""
 
-    The windows (``max_seq_length``, ``doc_stride``, ``max_answer_length``) are those the model was scored with: given
-    here, else read from the model (its ``config.json``'s ``question_answering`` entry, written when a student is
-    saved or exported; an ONNX file's ``export.json``; the config of the pipeline run a student folder is in). A model
-    that records none is read with ``run_qa.py``'s 384 / 128 / 30, with a warning: other windows than the evaluation's
-    give other answers.
+    name = "question_answering"
+    metric_names = QA_METRICS
+    per_token = True  # one (start, end) pair of logits per piece
+    labels_are_classes = False  # a row's labels are answers, spans of the context
+    pipeline_tag = "question-answering"
+    architecture = "ForQuestionAnswering"
+    description = "question-answering reader"
+    supports_augmentation = False
+    augmentation_refusal = "(answers and their offsets)"
 
-    Args:
-        model: a checkpoint folder, an ``.onnx`` file (its folder holds the tokenizer, as a student's ``onnx/``
-            does), or a loaded ``...ForQuestionAnswering`` model with ``tokenizer``.
-        tokenizer: the model's tokenizer (default: the one saved beside it).
-        max_seq_length: pieces per feature (question, context window and special tokens); default: the model's.
-        doc_stride: pieces shared by two windows of one context; default: the model's, or a third of a given
-            ``max_seq_length``.
-        max_answer_length: the longest answer, in pieces; default: the model's.
-        device: where a PyTorch model runs (default: where its weights are; ONNX files run on the CPU).
-        progress: show the tokenizing and evaluating progress bars (default: quiet).
+    def model_class(self, spec):
+        from transformers import AutoModelForQuestionAnswering
 
-    Call with a question and a context, a list of questions and one context they share, or lists of both (one
-    context per question); returns {"answer", "start", "end", "score"} (characters of the context, end exclusive;
-    score as in :func:`answers`), or a list of them. Raises ValueError for other shapes.
-    """
+        return AutoModelForQuestionAnswering
 
-    def __init__(self, model, tokenizer=None, max_seq_length: int | None = None, doc_stride: int | None = None,
-                 max_answer_length: int | None = None, device=None, progress: bool = False):
-        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+    def read_split(self, path, spec):
+        return read_squad(path, spec)
 
-        from distill.device import model_device
-        from distill.publish.export import OnnxClassifier
+    def user_spec(self, config):
+        return squad_spec(config)
 
-        if isinstance(model, (str, Path)):
-            path, what = Path(model), str(model)
-            onnx = path.suffix == ".onnx"
-            folder = path.parent if onnx else path
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(folder))
-            model = OnnxClassifier(path) if onnx else AutoModelForQuestionAnswering.from_pretrained(what).eval()
-            # A checkpoint's own config (a folder, or a hub repository the student was pushed to), else its files
-            saved = (None if onnx else getattr(model.config, WINDOWS_KEY, None)) or saved_windows(folder)
-        else:
-            saved = getattr(getattr(model, "config", None), WINDOWS_KEY, None)
-            what = f"the {type(model).__name__} given"
-        if tokenizer is None:
-            raise ValueError("QuestionAnswerer: give the tokenizer of a model passed as an object")
-        self.model, self.tokenizer, self.progress = model, tokenizer, progress
-        self.windows = _windows(saved, what, max_seq_length, doc_stride, max_answer_length)
-        self.max_seq_length = self.windows["max_seq_length"]
-        self.device = torch.device(device) if device is not None else (model_device(model) or torch.device("cpu"))
+    def read_user_split(self, path, spec, split="train"):
+        return self.read_split(path, spec)  # one file a split
 
-    def __call__(self, question: str | list[str], context: str | list[str]) -> dict | list[dict]:
-        from distill.tasks.evaluate import predict
-        from distill.logs import no_progress_bars
+    def tokenize(self, dataset, tokenizer, spec, max_seq_length):
+        return tokenize_questions(dataset, tokenizer, max_seq_length, doc_stride(max_seq_length))
 
-        single = isinstance(question, str)
-        if single and not isinstance(context, str):
-            raise ValueError("one question takes one context (a str); for several contexts give a question for each")
-        questions = [question] if single else list(question)
-        contexts = [context] * len(questions) if isinstance(context, str) else list(context)
-        if len(questions) != len(contexts):
-            raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts: give one context for each "
-                             "question, or one context (a str) that they all share")
-        if not questions:
-            return []
-        rows = datasets.Dataset.from_dict({"question": questions, "context": contexts,
-                                           "label": [{"text": [""], "answer_start": [0]}] * len(questions)})
-        with no_progress_bars() if not self.progress else nullcontext():
-            features = tokenize_questions(rows, self.tokenizer, self.windows["max_seq_length"],
-                                          self.windows["doc_stride"])
-            outputs = predict(self.model, features, self.tokenizer, device=self.device, progress=self.progress)
-        found = answers(outputs, features["labels"], self.windows["max_answer_length"])
-        results = [{k: v for k, v in found[i].items() if k != "gold"} for i in range(len(questions))]
-        return results[0] if single else results
+    def collator(self, tokenizer):
+        return QuestionAnsweringCollator(tokenizer)
 
+    def compute_metrics(self, spec, outputs, labels):
+        metrics = squad_metrics(outputs, labels)
+        return {name: metrics[name] for name in spec.metrics}
 
-def _windows(saved: dict | None, what: str, max_seq_length: int | None, stride: int | None,
-             max_answer_length: int | None) -> dict[str, int]:
-    """The windows a :class:`QuestionAnswerer` reads with: those given, else the model's ``saved`` ones (a stride
-    from a given ``max_seq_length`` when only that is given), else ``run_qa.py``'s, with a warning naming ``what``
-    records none."""
-    if saved is None and max_seq_length is None:
-        logger.warning("QuestionAnswerer: %s records no windows (the max_seq_length, doc_stride and max_answer_length "
-                       "it was scored with, in its config.json's %r entry); reading with %d / %d / %d, whose answers "
-                       "may differ from its evaluation's: pass max_seq_length=... (and doc_stride=...), or export the "
-                       "student again (run_distill.py export --student DIR) to record them", what, WINDOWS_KEY,
-                       DEFAULT_MAX_SEQ_LENGTH, doc_stride(DEFAULT_MAX_SEQ_LENGTH), MAX_ANSWER_LENGTH)
-    if max_seq_length is not None:  # the model's answer length is kept; the stride follows the length given
-        windows = {**reader_windows(max_seq_length), **{k: v for k, v in (saved or {}).items()
-                                                         if k == "max_answer_length"}}
-    elif saved is not None:
-        windows = {**reader_windows(int(saved["max_seq_length"])), **saved}
-    else:
-        windows = reader_windows(DEFAULT_MAX_SEQ_LENGTH)
-    for name, value in (("doc_stride", stride), ("max_answer_length", max_answer_length)):
-        if value is not None:
-            windows[name] = value
-    return {name: int(windows[name]) for name in ("max_seq_length", "doc_stride", "max_answer_length")}
+    def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
+                        hard_label_weight):
+        if "context_mask" not in batch:
+            raise ValueError("question answering: the prediction loss needs the batch's context_mask (which "
+                             "positions may hold an answer)")
+        loss = span_soft_cross_entropy(student_logits, teacher_logits, batch["context_mask"], temperature)
+        if temperature_squared:
+            loss = loss * temperature**2
+        if hard_label_weight > 0:
+            loss = loss + hard_label_weight * span_cross_entropy(
+                student_logits, batch["start_positions"], batch["end_positions"], batch["context_mask"])
+        return loss
+
+    def prediction_inputs_differ(self, spec, student_logits, teacher_logits, batch):
+        if "context_mask" not in batch:
+            raise ValueError("question answering: comparing the prediction inputs needs the batch's context_mask "
+                             "(which positions may hold an answer)")
+        allowed = batch["context_mask"].bool()  # (B, T): [CLS] and the context, where the loss reads both outputs
+        return (student_logits[allowed].float() != teacher_logits[allowed].float()).any()
+
+    def recipe(self, spec):
+        return "squad_minilm.yaml", "the recipe for extractive question answering"
+
+    def serving_config(self, spec, max_seq_length):
+        return {WINDOWS_KEY: reader_windows(max_seq_length)}  # read by QuestionAnswerer
+
+    def chance(self, spec, dev_labels=None):
+        # A reader that has learnt nothing finds no answer: EM and F1 0 (a random span scores a few points of F1,
+        # which the refusal margin covers).
+        return {"metric": spec.metrics[0], "value": 0.0, "basis": "no answer found"}
+
+    def usage(self, model, spec=None):
+        # transformers 5 has no question-answering pipeline (transformers 4's reads the checkpoint as it is).
+        return (f'from distill import QuestionAnswerer\n\nanswer = QuestionAnswerer("{model}")  # or "{model}/onnx/'
+                'model.onnx"\nprint(answer(question="Where is the Empire State Building?", context="The Empire State '
+                'Building is a skyscraper in Midtown Manhattan, New York City."))')
+
+    def same_prediction(self, outputs, reference, spec, labels=None):
+        if labels is None:  # per feature: the same start and end piece
+            return np.array([np.array_equal(np.asarray(a).argmax(0), np.asarray(b).argmax(0))
+                             for a, b in zip(outputs, reference)], dtype=bool)
+        # per question: the same answer span, the best over its features (a losing window may differ freely)
+        ours, theirs = answers(outputs, labels), answers(reference, labels)
+        return np.array([(ours[q]["start"], ours[q]["end"]) == (theirs[q]["start"], theirs[q]["end"])
+                         for q in sorted(ours)], dtype=bool)
+
+    def logits(self, outputs):
+        start = getattr(outputs, "start_logits", None)  # the head's two outputs stacked: (B, T, 2)
+        return None if start is None else torch.stack((start, outputs.end_logits), dim=-1)
+
+    def describe_labels(self, spec):
+        return "answers, spans of the context"
 
 
-def saved_windows(folder: Path) -> dict | None:
-    """The windows a QA model folder records (:func:`reader_windows`): its ``config.json``'s :data:`WINDOWS_KEY`
-    entry, else an ONNX folder's ``export.json`` one, else those of the ``task.max_seq_length`` of the pipeline run
-    whose student (or its ``onnx/``) the folder is; None when none does."""
-    for name in ("config.json", "export.json"):
-        try:
-            entry = json.loads((folder / name).read_text(encoding="utf-8")).get(WINDOWS_KEY)
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(entry, dict) and "max_seq_length" in entry:
-            return entry
-    length = _trained_length(folder)
-    return reader_windows(length) if length is not None else None
+SQUAD = TaskSpec("squad", ("question", "context"), "answers", ("start", "end"), QA_METRICS, ("squad",),
+                          train_file="train.json", dev_file="dev.json", task_type="question_answering",
+                          hub_label_column="answers")
 
-
-def _trained_length(folder: Path) -> int | None:
-    """The ``task.max_seq_length`` of the pipeline run whose student (or its ``onnx/``) ``folder`` is, else None."""
-    from distill.publish.export import pipeline_folder_of
-
-    for candidate in (folder, folder.parent):
-        run = pipeline_folder_of(candidate)
-        if run is not None:
-            return int(json.loads((run / "config.json").read_text(encoding="utf-8"))["task"]["max_seq_length"])
-    return None
+QUESTION_ANSWERING = register_task_type(QuestionAnswering())
+register_task(SQUAD)

@@ -24,6 +24,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+from distill.tasks.files import read_table, require_columns
+from distill.tasks.words import only_tags, split_words
+
 logger = logging.getLogger(__name__)
 
 IGNORE = -100  # the label of word pieces that are not scored (continuations, special tokens, padding)
@@ -60,7 +64,6 @@ def parse_conll(path: str | Path) -> list[TaggedSentence]:
         DataError: the file is missing, not UTF-8 or holds no sentence; a line has one column only, or another number
             of columns than the file's (the message names the file, the line and the fix).
     """
-    from distill.tasks.data import DataError
 
     path = Path(path)
     if not path.is_file():
@@ -135,7 +138,6 @@ def check_tags(sentences: list[TaggedSentence], label_names: tuple[str, ...], pa
     Raises:
         DataError: the first tag (in file order) that is not, with its file, line and ``fix``.
     """
-    from distill.tasks.data import DataError
 
     ids = {name: i for i, name in enumerate(label_names)}
     for sentence in sentences:
@@ -168,7 +170,6 @@ def check_tag_counts(sentences: list[TaggedSentence], path: str | Path) -> None:
     Raises:
         DataError: the first such tag in file order, with its line, how often it is seen and the likely intended tag.
     """
-    from distill.tasks.data import DataError
 
     counts: Counter = Counter()
     types: Counter = Counter()
@@ -226,7 +227,6 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
     Raises:
         DataError: the tokenizer is not a fast one (no ``word_ids``), which alignment needs.
     """
-    from distill.tasks.data import DataError
 
     if not tokenizer.is_fast:
         raise DataError(f"token classification needs a fast tokenizer (word_ids); {type(tokenizer).__name__} is not "
@@ -365,7 +365,6 @@ class TokenCollator:
         self.tokenizer = tokenizer
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        from distill.tasks import pad_rows
 
         labels = [f.get("labels") for f in features]
         teacher = [f.get("teacher_logits") for f in features]
@@ -424,7 +423,6 @@ def read_tagged_sentences(path: str | Path, spec) -> list[TaggedSentence]:
         DataError: see :func:`parse_conll`; for JSONL, missing columns, word and tag lists of other lengths, an id
             outside the tag set or ids without ``label_names``.
     """
-    from distill.tasks.data import DataError, read_table, require_columns
 
     path = Path(path)
     if path.suffix not in JSON_SUFFIXES:
@@ -468,7 +466,6 @@ def check_iob2(tags: list[list[str]], where: list[list[str]], path: str | Path) 
     Raises:
         DataError: the first tag that breaks IOB2, with its file and line and the fix for this file.
     """
-    from distill.tasks.data import DataError
 
     broken, starts_with_b, starts_with_i = None, 0, 0
     for sentence, places in zip(tags, where):
@@ -505,7 +502,6 @@ def user_spec(config):
         DataError: no dev file; JSONL tags given as ids without ``label_names``; a rare or near-duplicate tag in the
             training file, or dev tags the training file lacks (each with its line); tags that are not BIO.
     """
-    from distill.tasks.data import DataError, TaskSpec
 
     if not config.dev_file:
         raise DataError("task.dev_file: a task of your own files needs a dev file to score teacher and student on")
@@ -543,3 +539,107 @@ def user_spec(config):
 def _tagged(path: str, probe) -> list[TaggedSentence]:
     """The sentences of a file of a task whose tags are not named yet (JSONL tags must be names then)."""
     return read_tagged_sentences(path, probe)
+
+
+class TokenClassification(TaskType):
+    """One label per word (NER, slot filling, PoS) with BIO tags scored by seqeval at the entity level
+    (:mod:`distill.tasks.token_classification`)."""
+
+    name = "token_classification"
+    metric_names = NER_METRICS
+    per_token = True
+    pipeline_tag = "token-classification"
+    architecture = "ForTokenClassification"
+    description = "token classifier"
+
+    def model_class(self, spec):
+        from transformers import AutoModelForTokenClassification
+
+        return AutoModelForTokenClassification
+
+    def read_split(self, path, spec):
+        return read_tagged_file(path, spec)
+
+    def user_spec(self, config):
+        return user_spec(config)
+
+    def read_user_split(self, path, spec, split="train"):
+        return self.read_split(path, spec)  # one file a split
+
+    def tokenize(self, dataset, tokenizer, spec, max_seq_length):
+        return tokenize_words(dataset, tokenizer, max_seq_length)
+
+    def collator(self, tokenizer):
+        return TokenCollator(tokenizer)
+
+    def compute_metrics(self, spec, outputs, labels):
+        metrics = entity_metrics(outputs, labels, spec.label_names)
+        return {name: metrics[name] for name in spec.metrics}
+
+    def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
+                        hard_label_weight):
+        labels = batch.get("labels")
+        if labels is None:
+            raise ValueError("token classification: the prediction loss needs the batch's labels (which word pieces "
+                             "are scored)")
+        loss = token_soft_cross_entropy(student_logits, teacher_logits, labels, temperature)
+        if temperature_squared:
+            loss = loss * temperature**2
+        if hard_label_weight > 0:
+            hard = torch.nn.functional.cross_entropy(student_logits.float().flatten(0, 1), labels.flatten(),
+                                                     ignore_index=IGNORE, reduction="sum")
+            hard = hard / (labels != IGNORE).sum().clamp(min=1)  # 0, not NaN, on a batch with no scored token
+            loss = loss + hard_label_weight * hard
+        return loss
+
+    def prediction_inputs_differ(self, spec, student_logits, teacher_logits, batch):
+        labels = batch["labels"]
+        scored = labels != IGNORE  # the padded teacher logits are zeros, never read
+        return (student_logits[scored].float() != teacher_logits[scored].float()).any()
+
+    def recipe(self, spec):
+        return "ner_minilm.yaml", "the recipe for token classification"
+
+    def chance(self, spec, dev_labels=None):
+        return constant_guess(spec, dev_labels)
+
+    def usage(self, model, spec=None):
+        # "first": each word takes its first piece's tag, the piece the loss and the entity scores read (the other
+        # pieces are never trained, so "simple" could serve a word's tail as another entity).
+        return (f'from transformers import pipeline\n\ntag = pipeline("token-classification", model="{model}", '
+                'aggregation_strategy="first")\nprint(tag("Empire State Building is in New York"))')
+
+    def same_prediction(self, outputs, reference, spec, labels=None):
+        same = []
+        for i, (a, b) in enumerate(zip(outputs, reference)):
+            a, b = np.asarray(a).argmax(-1), np.asarray(b).argmax(-1)
+            scored = np.asarray(labels[i]) != IGNORE if labels is not None else np.ones(len(a), dtype=bool)
+            same.append(np.array_equal(a[scored], b[scored]))  # every scored word predicted alike
+        return np.array(same, dtype=bool)
+
+    def unlabelled_rows(self, spec, texts):
+        words = [[text[start:end] for start, end in split_words(text)] for text in texts]
+        return {spec.text_columns[0]: words, "label": [[0] * len(w) for w in words]}  # tag 0 marks a scored word
+
+    def replaceable_words(self, spec, replace_entities=False):
+        if replace_entities:
+            return None  # any word the algorithm picks, its tag kept
+        return only_tags(spec.label_names)  # words tagged O only: an entity is never rewritten
+
+
+NAMED_TASKS = {
+    "wnut_17": TaskSpec("wnut_17", ("tokens",), "ner_tags", (
+        "O", "B-corporation", "I-corporation", "B-creative-work", "I-creative-work", "B-group", "I-group",
+        "B-location", "I-location", "B-person", "I-person", "B-product", "I-product"), NER_METRICS, ("wnut_17",),
+        train_file="train.conll", dev_file="dev.conll", task_type="token_classification",
+        hub_label_column="ner_tags"),
+    "conll2003": TaskSpec("conll2003", ("tokens",), "ner_tags", (
+        "O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"), NER_METRICS, ("conll2003",),
+        train_file="train.conll", dev_file="dev.conll", task_type="token_classification",
+        hub_label_column="ner_tags"),
+}
+
+
+TOKEN_CLASSIFICATION = register_task_type(TokenClassification())
+for _spec in NAMED_TASKS.values():
+    register_task(_spec)

@@ -1,0 +1,387 @@
+"""The task interface, at the bottom of the house: what a task is (:class:`TaskSpec`), what a task type must answer
+(:class:`TaskType`), the errors of bad data and of a model that does not fit, and the registries of task types and
+named tasks.
+
+This module imports nothing of the project. Each task type is one module of :mod:`distill.tasks` that subclasses
+:class:`TaskType`, registers an instance with :func:`register_task_type` and its named tasks (the GLUE table,
+``wnut_17``, ``squad``...) with :func:`register_task`; ``import distill.tasks`` imports them all. The method
+(losses, objective, capture, loop) never imports this: it receives a :class:`PredictionHead` from the type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
+
+# The type of a task that names none, and of a checkpoint whose architecture names no registered head (as before task
+# types existed).
+DEFAULT_TYPE = "sequence_classification"
+
+
+class ModelError(ValueError):
+    """A checkpoint is missing, of the wrong kind, or incompatible with the task or the other model."""
+
+
+class DataError(ValueError):
+    """Input data is malformed: the message names the file, the line and what to fix."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task's data looks like and how it is scored.
+
+    Column names are those of the hub dataset (``glue/<task>``); GLUE TSV headers that differ are renamed on read
+    (``tsv_columns``). Labels in TSV files may be class ids or class names (MNLI's ``entailment``), both mapped to
+    ids in ``label_names`` order, which is the hub's order.
+    """
+
+    name: str
+    text_columns: tuple[str, ...]  # one column (single sentence) or two (pairs)
+    label_column: str  # column of the label in the GLUE TSV files (after renaming)
+    label_names: tuple[str, ...] = ()  # class names in id order; empty for regression
+    metrics: tuple[str, ...] = ("accuracy",)
+    hub: tuple[str, str] | None = ("glue", "")  # datasets.load_dataset(*hub); None: no hub copy (a user's files)
+    tsv_columns: dict = field(default_factory=dict)  # TSV header name -> our column name, where they differ
+    dev_file: str = "dev.tsv"
+    hub_dev_split: str = "validation"
+    header: tuple[str, ...] | None = None  # column names of headerless TSV files (CoLA)
+    # More dev sets, scored beside the main one: (suffix, TSV file, hub split); metrics get "_<suffix>" appended.
+    extra_dev: tuple[tuple[str, str, str], ...] = ()
+    train_file: str = "train.tsv"
+    task_type: str = DEFAULT_TYPE  # a name of TASK_TYPES: how the task reads, trains, scores
+    hub_label_column: str = "label"  # the label column of the hub's copy (GLUE: label; NER data sets: ner_tags)
+
+    @property
+    def type(self) -> TaskType:
+        """The task's :class:`TaskType`, which the rest of the code asks what the task is."""
+        return get_task_type(self.task_type)
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.label_names
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names) or 1
+
+    @property
+    def dev_splits(self) -> dict[str, str]:
+        """Dev split name in the DatasetDict -> suffix of its metric names ("" for the main dev set)."""
+        return {"dev": "", **{f"dev_{suffix}": f"_{suffix}" for suffix, _, _ in self.extra_dev}}
+
+
+
+class TaskType:
+    """The interface of a task type (every method takes the task's :class:`TaskSpec` where it needs it). Shapes: N
+    examples, B batch, T tokens, C labels. A type is one module of :mod:`distill.tasks` that subclasses this, registers
+    an instance (:func:`register_task_type`) and its named tasks (:func:`register_task`)."""
+
+    name: str = ""
+    metric_names: tuple[str, ...] = ()  # the metrics this type scores (task.metrics chooses among them)
+    pipeline_tag: str = ""  # the hub's pipeline tag of the model card, and the pipeline() task name
+    architecture: str = ""  # the end of a checkpoint's architecture name with this head, e.g. ForTokenClassification
+    description: str = ""  # in words, for messages: "sequence classifier"
+
+    def model_class(self, spec: TaskSpec) -> type:
+        """The ``transformers`` Auto class of the head (teacher and student)."""
+        raise NotImplementedError
+
+    def read_split(self, path, spec: TaskSpec) -> "datasets.Dataset":
+        """One split from a local file in the task's layout (GLUE TSV, CoNLL, ...), columns ``spec.text_columns``
+        and ``label``."""
+        raise NotImplementedError
+
+    def user_spec(self, config) -> TaskSpec:
+        """The spec of a task of the user's own files (``task.train_file``, ``dev_file``, ...) of this type."""
+        raise NotImplementedError
+
+    def read_user_split(self, path, spec: TaskSpec, split: str = "train") -> "datasets.Dataset":
+        """One split of the user's own files, columns ``spec.text_columns`` and ``label``; ``split`` ("train" or
+        "dev") picks the split of a source that holds several (a saved ``DatasetDict``, a hub dataset)."""
+        raise NotImplementedError
+
+    def tokenize(self, dataset: "datasets.Dataset", tokenizer: "PreTrainedTokenizerBase", spec: TaskSpec,
+                 max_seq_length: int) -> "datasets.Dataset":
+        """Model inputs and ``labels``, unpadded."""
+        raise NotImplementedError
+
+    def collator(self, tokenizer: "PreTrainedTokenizerBase") -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+        """Pads tokenized examples (and cached ``teacher_logits``) into a batch."""
+        raise NotImplementedError
+
+    def compute_metrics(self, spec: TaskSpec, outputs: Any, labels: Any) -> dict[str, float]:
+        """The task's metrics (``spec.metrics``) from the outputs :func:`distill.tasks.evaluate.predict` returns."""
+        raise NotImplementedError
+
+    def prediction_loss(self, spec: TaskSpec, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                        batch: dict, *, temperature: float, temperature_squared: bool, hard_label_weight: float
+                        ) -> torch.Tensor:
+        """The prediction step's loss (TinyBERT Eq. 10 in the head's output space), a float32 scalar: the student's
+        logits against the teacher's (soft targets at ``temperature``, × T² with ``temperature_squared``), plus
+        ``hard_label_weight`` times the loss on the gold labels of the batch (``batch["labels"]``, or what else of the
+        batch the type reads: QA's positions and which of them may hold an answer)."""
+        raise NotImplementedError
+
+    def prediction_inputs_differ(self, spec: TaskSpec, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                                 batch: dict) -> torch.Tensor:
+        """Scalar bool tensor: whether the student's and the teacher's logits differ at a position
+        :meth:`prediction_loss` reads. A loss exactly 0 while this is true stops training (a sum or count lost to
+        rounding); positions the loss does not read (padding, unscored pieces) must not make it true, or a batch
+        with nothing scored, whose loss is 0 by definition, would stop it. This default: every position."""
+        return (student_logits.float() != teacher_logits.float()).any()
+
+    def prediction_head(self, spec: TaskSpec) -> PredictionHead:
+        """What the distillation objective asks of the head for this task (:class:`distill.method.objective.
+        PredictionHead`: the logits of a model's outputs, the prediction loss and whether its inputs differ), bound
+        to ``spec``: the method reads no task name, it calls this."""
+        return PredictionHead(self, spec)
+
+    def logits(self, outputs) -> torch.Tensor | None:
+        """The head's output of a `transformers` model output as one tensor: (B, C) per example or (B, T, C) per
+        token (:attr:`per_token`); None for a bare encoder. This default: ``outputs.logits``."""
+        return getattr(outputs, "logits", None)
+
+    # The head gives one row of logits per real token ((B, T, C); evaluation keeps each example's rows), not one per
+    # example ((B, C)).
+    per_token: bool = False
+    # The layout of the model inputs, dimension by dimension: ("batch", "sequence") for every type here (a
+    # multiple-choice type would give ("batch", "choice", "sequence")). Evaluation, timing and export inputs, the
+    # teacher-output cache and length grouping ask it (:meth:`example_inputs`, :meth:`example_lengths`).
+    input_dims: tuple[str, ...] = ("batch", "sequence")
+
+    def example_inputs(self, config, batch_size: int, seq_length: int, generator: torch.Generator | None = None
+                       ) -> dict[str, torch.Tensor]:
+        """Model inputs of the type's layout for timing and export probes: random ids of ``config``'s vocabulary,
+        every position real, token types where the model has them ((B, T) each in this default)."""
+        low = min(1000, config.vocab_size - 1) if config.vocab_size > 2000 else 1
+        ids = torch.randint(low, config.vocab_size, (batch_size, seq_length), generator=generator)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if getattr(config, "type_vocab_size", 0) > 1:
+            inputs["token_type_ids"] = torch.zeros_like(ids)
+        return inputs
+
+    def example_lengths(self, dataset) -> list[int] | None:
+        """Tokens per example of a tokenized dataset of this type's layout, for length grouping; None: the loop's own
+        count of ``input_ids`` (:func:`distill.method.trainer.example_lengths`), right for (batch, sequence) inputs. A
+        type of another layout counts what one example puts through the model (every choice's tokens)."""
+        return None
+
+    def head_config(self, spec: TaskSpec) -> dict:
+        """The head's entries of a model config for the task: ``num_labels``, ``id2label``, ``label2id`` and, where
+        ``transformers`` reads one, ``problem_type`` (so ``pipeline()`` applies the right output function). This
+        default: one output per label name."""
+        if not spec.label_names:  # an explicit id2label=None would reset num_labels
+            return {"num_labels": spec.num_labels}
+        labels = dict(enumerate(spec.label_names))
+        return {"num_labels": spec.num_labels, "id2label": labels,
+                "label2id": {name: i for i, name in labels.items()}}
+
+    def uses_temperature(self, spec: TaskSpec) -> bool:
+        """Whether the prediction loss reads ``distill.temperature`` (soft targets do; a regression MSE does not)."""
+        return True
+
+    def describe_labels(self, spec: TaskSpec) -> str:
+        """The task's labels in words, for the dry run (this default: the label names)."""
+        return ", ".join(spec.label_names)
+
+    # Integer labels of a row are class ids of ``spec.label_names`` (shown by name in the dry run's preview); False
+    # where they are something else (QA's answer offsets).
+    labels_are_classes: bool = True
+
+    supports_augmentation: bool = True  # TinyBERT's word replacement keeps this type's labels true
+    augmentation_refusal: str = ""  # where it does not, what it would change, in words: "(answers and their offsets)"
+
+    def serving_config(self, spec: TaskSpec, max_seq_length: int) -> dict:
+        """Entries a model of this type keeps in its ``config.json`` (and its ONNX record) so that it is served as it
+        was scored: {attribute: value}, set by :func:`record_serving` whenever a model is saved or exported. This
+        default: none."""
+        return {}
+
+    def chance(self, spec: TaskSpec, dev_labels: Any = None) -> dict:
+        """What a model that has learnt nothing (the best constant guess on the dev set) scores on
+        ``spec.metrics[0]``: {"metric", "value", "basis" (in words)}; a teacher within 0.05 of it is refused."""
+        raise NotImplementedError
+
+    def same_prediction(self, outputs: Any, reference: Any, spec: TaskSpec, labels: Any = None) -> np.ndarray:
+        """(N,) bool: whether two models' outputs (ONNX and PyTorch, say) predict the same for each example, at the
+        positions that are scored (``labels``, per example, where the task has several)."""
+        raise NotImplementedError
+
+    def recipe(self, spec: TaskSpec) -> tuple[str, str] | None:
+        """The shipped config (a file of ``configs/``) that ``pipeline --task NAME`` runs for this task when the
+        default job's is not made for it, and what it is for in words; None: the default job's."""
+        return None
+
+    def card_task(self, spec: TaskSpec) -> str:
+        """The model card's ``model-index`` task type (hub vocabulary)."""
+        return self.pipeline_tag
+
+    def usage(self, model: str, spec: "TaskSpec | None" = None) -> str:
+        """Python that runs the student through ``transformers.pipeline`` (the model card's "Use" section); ``spec``:
+        the task, where the call depends on it (a pair task's classifier takes both texts)."""
+        raise NotImplementedError
+
+    def replaceable_words(self, spec: TaskSpec, replace_entities: bool = False) -> Callable[[dict], list[bool]] | None:
+        """For augmentation: which words of an example may be replaced (None: any the algorithm picks)."""
+        return None
+
+    def unlabelled_rows(self, spec: TaskSpec, texts: list[str]) -> dict[str, list]:
+        """Training rows made of unlabelled sentences (``augment.unlabelled``, a transfer set whose only targets are
+        the teacher's logits): {column: N values}, the task's text column and ``label``, a placeholder whose value no
+        loss reads (the soft prediction loss takes the teacher's logits; a token classifier's reads only where a word
+        begins, the pieces it scores; preflight refuses a hard-label term beside them).
+
+        Raises:
+            ValueError: this type, or this task (sentence pairs), cannot make a training row of one sentence.
+        """
+        raise ValueError(f"a {self.description} cannot take unlabelled sentences (one text a row)")
+
+
+class PredictionHead:
+    """A task type's answers for the distillation objective, bound to one task (TextBrewer's adaptor in spirit): the
+    logits of a model's outputs, the prediction loss and whether its inputs differ. The objective calls these and
+    never the task's name (:class:`distill.method.objective.DistillationObjective`)."""
+
+    def __init__(self, task_type: TaskType, spec: TaskSpec):
+        self.task_type, self.spec = task_type, spec
+
+    def logits(self, outputs) -> torch.Tensor | None:
+        return self.task_type.logits(outputs)
+
+    def loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict, *, temperature: float,
+             temperature_squared: bool, hard_label_weight: float) -> torch.Tensor:
+        return self.task_type.prediction_loss(self.spec, student_logits, teacher_logits, batch, temperature=temperature,
+                                              temperature_squared=temperature_squared,
+                                              hard_label_weight=hard_label_weight)
+
+    def inputs_differ(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return self.task_type.prediction_inputs_differ(self.spec, student_logits, teacher_logits, batch)
+
+
+def pad_rows(rows: list, length: int, fill: float, dtype: torch.dtype, left: bool = False) -> torch.Tensor:
+    """Rows of per-token values (each (T_i,) or (T_i, C)) padded with ``fill`` to (B, length[, C]), on the
+    tokenizer's padding side (``left``)."""
+    first = torch.as_tensor(rows[0], dtype=dtype)
+    out = torch.full((len(rows), length, *first.shape[1:]), fill, dtype=dtype)
+    for row, values in enumerate(rows):
+        values = torch.as_tensor(values, dtype=dtype)
+        out[row, slice(length - len(values), None) if left else slice(0, len(values))] = values
+    return out
+
+
+
+TASK_TYPES: dict[str, TaskType] = {}  # name -> the type's instance, in registration order
+TASKS: dict[str, TaskSpec] = {}  # named tasks (--task NAME): the GLUE table, wnut_17, conll2003, squad, ...
+
+
+def register_task_type(task_type: TaskType) -> TaskType:
+    """Add a task type to :data:`TASK_TYPES` (its module calls this when imported); returns it."""
+    TASK_TYPES[task_type.name] = task_type
+    return task_type
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    """Add a named task to :data:`TASKS` (its type's module calls this when imported); returns it."""
+    TASKS[spec.name] = spec
+    return spec
+
+
+def get_task_type(name: str) -> TaskType:
+    """The task type called ``name``.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name not in TASK_TYPES:
+        raise ValueError(f"unknown task type {name!r}; use {', '.join(TASK_TYPES)}")
+    return TASK_TYPES[name]
+
+
+def get_task(name: str) -> TaskSpec:
+    """The named :class:`TaskSpec` called ``name``; raises ValueError listing the known tasks."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}, or a task of your own "
+                         "files (task.train_file, task.text_columns, task.label_column)")
+    return TASKS[name]
+
+
+def metric_names() -> tuple[str, ...]:
+    """Every metric a registered task type scores, each once, in registration order."""
+    return tuple(dict.fromkeys(name for kind in TASK_TYPES.values() for name in kind.metric_names))
+
+
+def head_type(architectures: list[str], default: str | None = DEFAULT_TYPE) -> TaskType | None:
+    """The task type whose head a checkpoint of these ``architectures`` carries (its :attr:`TaskType.architecture`
+    ends one of them; where several types share a head class, the ``default`` one if it is among them, else the first
+    registered); with none, the ``default`` type (None: None)."""
+    found = [t for t in TASK_TYPES.values() if any(a.endswith(t.architecture) for a in architectures)]
+    if default is not None and (not found or any(t.name == default for t in found)):
+        return TASK_TYPES[default]
+    return found[0] if found else None
+
+
+def load_head_model(folder, **kwargs):
+    """A saved checkpoint with the head it was saved with (sequence or token classifier, ...), read from its config's
+    ``architectures`` (:func:`head_type`); a checkpoint naming none of them loads as a sequence classifier.
+
+    Raises:
+        OSError: ``folder`` holds no checkpoint (as ``from_pretrained`` raises it).
+    """
+    from transformers import AutoConfig
+
+    architectures = AutoConfig.from_pretrained(folder).architectures or []
+    return head_type(architectures).model_class(None).from_pretrained(folder, **kwargs)
+
+
+def record_serving(model, spec: TaskSpec, max_seq_length: int, keep: bool = False) -> dict:
+    """Set the task type's :meth:`TaskType.serving_config` entries on ``model.config`` (before it is saved), and
+    return them as they now are there.
+
+    Args:
+        model: a model with a ``config``.
+        spec: the task. max_seq_length: the word pieces per example it was trained and scored with.
+        keep: leave an entry the config already has as it is (an export of a student saved with its own).
+    """
+    entries = spec.type.serving_config(spec, max_seq_length)
+    for name, value in entries.items():
+        if not (keep and getattr(model.config, name, None) is not None):
+            setattr(model.config, name, value)
+    return {name: getattr(model.config, name) for name in entries}
+
+
+def check_model_head(folder, spec: TaskSpec, role: str) -> None:
+    """A saved model fits the task it is about to be scored or exported on: its head is the task type's, with the
+    task's number of labels and, where it names them, the task's labels in order (a model loaded on the wrong task
+    would otherwise get a new random head, or be scored against labels it never had).
+
+    Args:
+        folder: the checkpoint folder. spec: the task. role: how the command line names it ("--teacher", ...).
+
+    Raises:
+        ModelError: one line naming the model, what it is, what the task needs and how to give the right task.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    architectures = config.architectures or []
+    kind = spec.type if any(a.endswith(spec.type.architecture) for a in architectures) else \
+        head_type(architectures, default=None)
+    names = [str(config.id2label[i]) for i in sorted(config.id2label)] if config.id2label else []
+    generic = all(name.lower().startswith("label_") for name in names)
+    if kind is spec.type and config.num_labels == spec.num_labels and (
+            generic or spec.is_regression or [n.lower() for n in names] == [n.lower() for n in spec.label_names]):
+        return
+    what = f"a {kind.description}" if kind else "a model without a task head"
+    labels = "" if generic else f" {names}"
+    needs = ", ".join(spec.label_names) or "one score"
+    raise ModelError(f"{role} {folder} is {what} ({', '.join(architectures) or 'no architecture'}, {config.num_labels} "
+                     f"labels{labels}) and task {spec.name} needs a {spec.type.description} of {spec.num_labels} "
+                     f"({needs}): it was made for another task; give the config of the run that made it (--config "
+                     "RUN/config.json) or its task (--task NAME --data-dir DIR)")
