@@ -122,6 +122,9 @@ class TaskConfig:
     # the named task's (GLUE tasks classify sequences, wnut_17 and conll2003 tag tokens, squad answers questions), or
     # sequence_classification for own files.
     task_type: str | None = None
+    # Settings of the task's type, read by its module (docs/tasks.md lists each type's), e.g. a multi-label task's
+    # {label_separator: ";", allow_empty: false}
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         types, metrics = _task_registry()
@@ -512,6 +515,10 @@ def _convert(value: Any, annotation: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return {_convert(k, key_type, path): _convert(v, item, f"{path}.{k}") for k, v in value.items()}
+    if annotation is dict:  # a free mapping (task.options): its keys and values are read by the module it is for
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
     if annotation is str and value is False and path.endswith("mixed_precision"):
         return "no"  # YAML 1.1 reads a bare `no` as false: `mixed_precision: no` means the string
     if annotation in (int, float) and (number := _number(value)) is not None:
@@ -740,7 +747,7 @@ def _get(data: dict, dotted: str) -> Any:
 # old-behaviour value (max_train_examples_cpu: task's and teacher's, None for both).
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
-                  "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}}
+                  "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}, "options": {}}
 
 
 def _added_default(key: Any, value: Any) -> bool:

@@ -654,7 +654,8 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
             entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
             entries[name].update(values)
     report = build_report(entries, config.report, accelerator=accelerator,
-                          stages=stage_seconds(out, stages_used(config)), chance=chance, run=run, timed=timed)
+                          stages=stage_seconds(out, stages_used(config)), chance=chance, run=run, timed=timed,
+                          sections=spec.type.report_sections(spec, {name: e["dev"] for name, e in entries.items()}))
     if write:
         write_report(report, out)
     return report

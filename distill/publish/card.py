@@ -14,6 +14,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from distill.config import PipelineConfig, StudentConfig, TrainConfig
+from distill.tasks import headline_metrics
 from distill.tasks.base import TaskSpec
 from distill.publish.report import chance_note
 from students import RELATIVE_PRESETS, student_shape
@@ -72,7 +73,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
             f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
             + _teacher_examples(teacher, teacher_record)
             + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
-    dev = ", ".join(f"{k} {v:.4f}" for k, v in teacher_record["dev"].items())
+    dev = ", ".join(f"{k} {teacher_record['dev'][k]:.4f}" for k in headline_metrics(teacher_record["dev"]))
     augment = config.augment
     skipped = step1.get("skipped", False)
     weights = ran_weights(config, step1, step2)
@@ -80,7 +81,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     start = (f"student layers 1..{len(copied)} copied from teacher layers {copied} (distill.layer_map "
              f"{config.distill.layer_map})" if copied else describe_init(config.student, config.distill.layer_map))
     if pruned := step1.get("pruned"):
-        before = ", ".join(f"{k} {v:.4f}" for k, v in (pruned.get("dev") or {}).items())
+        before = ", ".join(f"{k} {pruned['dev'][k]:.4f}" for k in headline_metrics(pruned.get("dev") or {}))
         start = (f"the fine-tuned teacher pruned to the student's shape: its layers {pruned['layer_map']} ("
                  + ("the layers that change their input most" if pruned.get("layers") == "importance"
                     else f"distill.layer_map {config.distill.layer_map}")
@@ -175,7 +176,8 @@ def _eval_results(spec: TaskSpec, dev: dict, data: dict | None) -> list[EvalResu
     hub_splits = {"dev": spec.hub_dev_split, **{f"dev_{suffix}": split for suffix, _, split in spec.extra_dev}}
     on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
     results = []
-    for name, value in dev.items():
+    for name in headline_metrics(dev):
+        value = dev[name]
         split = next((key for key, suffix in spec.dev_splits.items() if suffix and name.endswith(suffix)), "dev")
         label = "dev" if split == "dev" else f"dev, {split.removeprefix('dev_')}"
         if on_hub and split in data["num_examples"]:
@@ -253,7 +255,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
                               pipeline_tag=spec.type.pipeline_tag, base_model=hub_id(teacher),
                               datasets=[hub_dataset_id(spec)] if on_hub else None, model_name=name,
                               eval_results=_eval_results(spec, student["dev"], data))
-    metric_names = list(student["dev"])
+    metric_names = headline_metrics(student["dev"])
     sections = [
         f"# {name}",
         f"A student distilled with tinydistill (TinyBERT-style knowledge distillation, Jiao et al., 2020) from the "
@@ -288,10 +290,15 @@ def latency_note(timing: dict) -> str:
     return note
 
 
+def _metrics_text(dev: dict) -> str:
+    """A model's headline dev metrics in words: "f1 0.6427, exact_match 0.5204"."""
+    return ", ".join(f"{name} {dev[name]:.4f}" for name in headline_metrics(dev))
+
+
 def _export_section(export: dict) -> str:
     lines = [f"- `onnx/{file}`: {info['size_mb']:.1f} MB, largest |logit difference| from PyTorch on the dev set "
              f"{info['max_abs_logit_difference']:.2e}, same prediction for {100 * info['same_prediction']:.1f}% "
-             f"of dev examples, dev {', '.join(f'{k} {v:.4f}' for k, v in info['dev'].items())}"
+             f"of dev examples, dev {_metrics_text(info['dev'])}"
              for file, info in export["files"].items()]
     return ("## Deployable files\n\n" + "\n".join(lines) + "\n\nThe `onnx/` folder holds the config and tokenizer "
             "beside the graphs (ONNX Runtime, CPU).")

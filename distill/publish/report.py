@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from distill.method.checkpoint import write_json_atomic
-from distill.tasks import metric_names as known_metrics
+from distill.tasks import headline_metrics
 from distill.config import ReportConfig, to_dict
 from distill.device import synchronize, torch_threads
 from teachers.finetune import CHANCE_MARGIN
@@ -187,7 +187,7 @@ def stage_seconds(output_dir: Path, stages: list[str]) -> dict[str, dict]:
 
 def build_report(entries: dict[str, dict], config: ReportConfig, reference: str = "teacher",
                  accelerator: str | None = None, stages: dict[str, dict] | None = None, chance: dict | None = None,
-                 run: dict | None = None, timed: dict | None = None) -> dict:
+                 run: dict | None = None, timed: dict | None = None, sections: list[str] | None = None) -> dict:
     """Add ratios to the reference model (smaller by, faster by on the CPU with its range, metric retained) and the
     timing setup.
 
@@ -202,6 +202,7 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         run: {"task", "data" (a :class:`distill.tasks.data.DataSource` as a dict, with "description"), "config" (path)}.
         timed: {"key": :func:`timing_key`, "timed_at": ISO time, "reused": bool}: when and under what the latency was
             measured.
+        sections: markdown the task's type adds after the table (:meth:`distill.tasks.TaskType.report_sections`).
 
     Returns:
         {"models": entries with "ratios" ("faster_by_range": [teacher p10 / model p90, teacher p90 / model p10]) and
@@ -239,7 +240,7 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
         "noisy": noisy,
         **(timed or {}),
     }
-    return {"models": entries, "timing": setup, "run": run, "chance": chance}
+    return {"models": entries, "timing": setup, "run": run, "chance": chance, "sections": list(sections or [])}
 
 
 def _noisy(entries: dict[str, dict]) -> list[str]:
@@ -286,13 +287,14 @@ def write_report(report: dict, output_dir: Path) -> None:
             **({"selection": entry["selection"]} if entry.get("selection") else {}),
         }
     write_json_atomic(output_dir / "report.json", flat)
-    (output_dir / "report.md").write_text(markdown_table(flat, report["timing"], report.get("run")), encoding="utf-8")
+    (output_dir / "report.md").write_text(markdown_table(flat, report["timing"], report.get("run"),
+                                                         report.get("sections")), encoding="utf-8")
 
 
-def markdown_table(flat: dict, timing: dict, run: dict | None = None) -> str:
-    """``report.md``: what was run (task, data, config), the table of models, and notes on timing, noise, the
-    teacher's selection and the stages' wall times."""
-    metric_names = [k for k in next(iter(flat.values())) if any(k == m or k.startswith(f"{m}_") for m in known_metrics())]
+def markdown_table(flat: dict, timing: dict, run: dict | None = None, sections: list[str] | None = None) -> str:
+    """``report.md``: what was run (task, data, config), the table of models, the task type's sections (its measures
+    beyond the table's columns), and notes on timing, noise, the teacher's selection and the stages' wall times."""
+    metric_names = headline_metrics(next(iter(flat.values())))
     batches = list(next(iter(flat.values()))["latency_ms"])  # CPU "batch_B", then "<accelerator>_batch_B" if timed
     header = ["model", *metric_names, "params (M)", "size (MB)",
               *[f"latency {b.replace('_', ' ')} (ms, p10-p90)" for b in batches],
@@ -322,8 +324,9 @@ def markdown_table(flat: dict, timing: dict, run: dict | None = None) -> str:
         note += (f"\n\n**Warning: noisy timing.** The spread (p90 - p10) / median is above {timing['max_spread']:g} for "
                  + "; ".join(timing["noisy"]) + ". Time again on an idle machine, or raise report.num_repeats.")
     selection = flat.get("teacher", {}).get("selection")
-    return (_run_header(run) + "\n".join(lines) + "\n" + note + "\n" + (_selection_note(selection) if selection else "")
-            + _stage_table(timing.get("stage_seconds") or {}))
+    extra = "".join(f"\n{section}\n" for section in sections or [])
+    return (_run_header(run) + "\n".join(lines) + "\n" + extra + note + "\n"
+            + (_selection_note(selection) if selection else "") + _stage_table(timing.get("stage_seconds") or {}))
 
 
 def _run_header(run: dict | None) -> str:

@@ -57,6 +57,7 @@ class TaskSpec:
     train_file: str = "train.tsv"
     task_type: str = DEFAULT_TYPE  # a name of TASK_TYPES: how the task reads, trains, scores
     hub_label_column: str = "label"  # the label column of the hub's copy (GLUE: label; NER data sets: ner_tags)
+    options: dict = field(default_factory=dict)  # settings of the task's type (``task.options``), read by its module
 
     @property
     def type(self) -> TaskType:
@@ -191,6 +192,11 @@ class TaskType:
         """The task's labels in words, for the dry run (this default: the label names)."""
         return ", ".join(spec.label_names)
 
+    def report_sections(self, spec: TaskSpec, metrics: dict[str, dict]) -> list[str]:
+        """Markdown sections the report adds after its table, from each model's dev metrics ({model name: metrics}):
+        what the type measures beyond the table's columns (a multi-label task's F1 per label). This default: none."""
+        return []
+
     # Integer labels of a row are class ids of ``spec.label_names`` (shown by name in the dry run's preview); False
     # where they are something else (QA's answer offsets).
     labels_are_classes: bool = True
@@ -315,6 +321,14 @@ def get_task(name: str) -> TaskSpec:
 def metric_names() -> tuple[str, ...]:
     """Every metric a registered task type scores, each once, in registration order."""
     return tuple(dict.fromkeys(name for kind in TASK_TYPES.values() for name in kind.metric_names))
+
+
+def headline_metrics(metrics: dict) -> list[str]:
+    """The keys of a model's dev metrics that are registered metrics (:func:`metric_names`), or one of them with the
+    suffix of another dev set (``accuracy_mismatched``): the columns of the report and the seeds summary, in order.
+    Other keys a type adds (a label's F1, ``f1/joy``) stay in the records and the type's report sections."""
+    names = metric_names()
+    return [key for key in metrics if any(key == name or key.startswith(f"{name}_") for name in names)]
 
 
 def head_type(architectures: list[str], default: str | None = DEFAULT_TYPE) -> TaskType | None:
