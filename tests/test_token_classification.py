@@ -185,20 +185,81 @@ def test_the_token_loss_averages_over_scored_pieces_and_ignores_the_rest():
     assert with_hard.item() == pytest.approx(4 * loss.item() + 0.5 * hard.item(), rel=1e-5)
 
 
-def test_entity_metrics_are_seqevals_strict_iob2_scores():
+def test_entity_metrics_score_by_the_standard_convention_with_strict_iob2_beside():
     # Gold: one person (words 1-2) and one location (word 4). The prediction finds the person with a wrong end and
-    # the location right: 1 of 2 entities found exactly, 1 of 2 predicted entities right.
+    # the location right: 1 of 2 entities found exactly, 1 of 2 predicted entities right, by both conventions.
     gold = np.array([IGNORE, 1, 2, 0, 3, IGNORE])
     predicted = np.array([0, 1, 0, 0, 3, 0])
     logits = np.eye(len(TAGS))[predicted]
     metrics = entity_metrics([logits], [gold], TAGS)
-    assert metrics == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "accuracy": 0.75})
-    # Strict IOB2: an entity that starts with I- is not an entity (seqeval's default mode would count it: F1 2/3).
-    orphan = np.eye(len(TAGS))[[0, 2, 2, 0, 0, 0]]
-    assert entity_metrics([orphan], [gold], TAGS)["f1"] == 0.0
+    assert metrics == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "accuracy": 0.75,
+                                     "precision_strict": 0.5, "recall_strict": 0.5, "f1_strict": 0.5})
+    # An entity that opens with I- (I-person I-person, then B-location): conlleval and seqeval's default mode count
+    # it, so both entities are found (F1 1); strict IOB2 drops it (1 of 2 found, 1 predicted: F1 2/3).
+    orphan = np.eye(len(TAGS))[[0, 2, 2, 0, 3, 0]]
+    both = entity_metrics([orphan], [gold], TAGS)
+    assert both["f1"] == 1.0 and both["f1_strict"] == pytest.approx(2 / 3)
     # Tagging every word O finds no entity: F1 0.
     everything_o = np.eye(len(TAGS))[[0] * len(gold)]
     assert entity_metrics([everything_o], [gold], TAGS)["f1"] == 0.0
+
+
+def test_surface_form_and_unseen_entity_f1():
+    """WNUT-17's surface-form F1 counts each unique (string, type) once; the seen/unseen split puts each mention,
+    gold or predicted, in the part its string (case-folded) falls in, and scores each part as the standard scorer."""
+    # Three sentences: "Paris" (location) twice and "Zorblax Inc" (person here, to test the type) once in gold.
+    words = [["I", "love", "Paris"], ["Paris", "again"], ["Zorblax", "Inc", "rocks"]]
+    gold = [np.array([0, 0, 3]), np.array([3, 0]), np.array([1, 2, 0])]
+    # The model finds Paris in sentence 1 only, and tags "rocks" as a person (a false positive, unseen).
+    predicted = [np.array([0, 0, 3]), np.array([0, 0]), np.array([0, 0, 1])]
+    logits = [np.eye(len(TAGS))[p] for p in predicted]
+    metrics = entity_metrics(logits, gold, TAGS, words=words, train_surfaces={"paris"})
+    # Mentions: gold 3, predicted 2, right 1: P 1/2, R 1/3.
+    assert metrics["f1"] == pytest.approx(2 * (1 / 2) * (1 / 3) / (1 / 2 + 1 / 3))
+    # Surface forms: gold {(Paris, location), (Zorblax Inc, person)}, predicted {(Paris, location), (rocks,
+    # person)}, right {(Paris, location)}: P 1/2, R 1/2.
+    assert metrics["surface/f1"] == pytest.approx(0.5)
+    # Seen (string "paris"): gold 2 mentions, predicted 1, right 1: P 1, R 1/2, F1 2/3.
+    assert (metrics["seen/precision"], metrics["seen/recall"]) == (1.0, 0.5)
+    assert metrics["seen/f1"] == pytest.approx(2 / 3) and metrics["seen/entities"] == 2.0
+    # Unseen: gold Zorblax Inc, predicted rocks: none right.
+    assert metrics["unseen/f1"] == 0.0 and metrics["unseen/entities"] == 1.0
+    assert metrics["unseen/precision"] == 0.0
+    # Case-folded: a training entity "PARIS" makes the same mentions seen.
+    assert entity_metrics(logits, gold, TAGS, words=words, train_surfaces={"PARIS".casefold()})["seen/entities"] == 2
+    # Without the training entities, no split; words that do not match the labels are refused.
+    assert "seen/f1" not in entity_metrics(logits, gold, TAGS, words=words)
+    with pytest.raises(ValueError, match="sentence 1: 1 words for 2 scored labels"):
+        entity_metrics(logits, gold, TAGS, words=[words[0], ["Paris"], words[2]])
+
+
+def test_the_named_task_reports_both_scorers_and_the_unseen_split(tiny_tokenizer):
+    """Scored through the task type with the context it reads from the data: the words come from the tokenizer's
+    word ids (a word past task.max_seq_length is not scored), the training entities from the train split."""
+    import datasets
+
+    spec = TASKS["wnut_17"]
+    names = spec.label_names
+    train = datasets.Dataset.from_dict({"tokens": [["visit", "paris", "now"]],
+                                        "label": [[0, names.index("B-location"), 0]]})
+    dev = datasets.Dataset.from_dict({"tokens": [["paris", "and", "rome"], ["rome", "visit", "now", "paris"]],
+                                      "label": [[names.index("B-location"), 0, names.index("B-location")],
+                                                [names.index("B-location"), 0, 0, names.index("B-location")]]})
+    data = datasets.DatasetDict({"train": train, "validation": dev})
+    kind = get_task_type("token_classification")
+    # Five pieces: [CLS] + 3 words + [SEP]; the second sentence loses its last word ("paris") to the cut.
+    context = kind.metric_context(spec, data, "validation", tiny_tokenizer, 5)
+    assert context[0] == [["paris", "and", "rome"], ["rome", "visit", "now"]] and context[1] == {"paris"}
+    encoded = tokenize(dev, tiny_tokenizer, spec, 5)
+    labels = encoded["labels"]
+    # A model that tags every scored word B-location: finds paris, rome, rome (3 right) and and/visit/now (wrong).
+    outputs = [np.eye(len(names))[[names.index("B-location")] * len(row)] for row in labels]
+    metrics = kind.compute_metrics(spec, outputs, labels, context)
+    assert set(spec.metrics) <= set(metrics) and metrics["unseen/entities"] == 2.0  # rome twice
+    assert metrics["seen/recall"] == 1.0 and metrics["unseen/recall"] == 1.0
+    assert metrics["seen/precision"] == 1.0 and metrics["unseen/precision"] == pytest.approx(2 / 5)
+    sections = kind.report_sections(spec, {"teacher": metrics, "student": metrics})
+    assert "| unseen in training (2 mentions) | 0.5714 | 0.5714 |" in sections[0]
 
 
 def test_chance_is_the_best_constant_tag_on_the_dev_labels():
@@ -291,7 +352,10 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
                     export={"onnx": True, "int8": False})
     report = run_pipeline(load_config(str(path)))
     out = tmp_path / "run"
-    assert set(report["models"]["student"]["dev"]) == {"f1", "precision", "recall", "accuracy"}
+    dev = report["models"]["student"]["dev"]
+    assert {key for key in dev if "/" not in key} == {"f1", "f1_strict", "precision", "recall", "accuracy"}
+    assert {"surface/f1", "seen/f1", "unseen/f1"} <= set(dev)  # read with the run's own data and tokenizer
+    assert "| unseen in training (" in (tmp_path / "run" / "report.md").read_text()
     student = out / "student"
     assert json.loads((student / "config.json").read_text())["architectures"] == ["BertForTokenClassification"]
     cached = json.loads((out / "teacher_logits" / "stage.json").read_text())

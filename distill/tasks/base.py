@@ -117,8 +117,10 @@ class TaskType:
         """Pads tokenized examples (and cached ``teacher_logits``) into a batch."""
         raise NotImplementedError
 
-    def compute_metrics(self, spec: TaskSpec, outputs: Any, labels: Any) -> dict[str, float]:
-        """The task's metrics (``spec.metrics``) from the outputs :func:`distill.tasks.evaluate.predict` returns."""
+    def compute_metrics(self, spec: TaskSpec, outputs: Any, labels: Any, context: Any = None) -> dict[str, float]:
+        """The task's metrics (``spec.metrics``) from the outputs :func:`distill.tasks.evaluate.predict` returns, and
+        any the type measures beyond them (keys outside :func:`metric_names`, shown in its report sections); with
+        ``context`` (:meth:`metric_context`), those that need more than the outputs and labels."""
         raise NotImplementedError
 
     def prediction_loss(self, spec: TaskSpec, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -191,6 +193,13 @@ class TaskType:
     def describe_labels(self, spec: TaskSpec) -> str:
         """The task's labels in words, for the dry run (this default: the label names)."""
         return ", ".join(spec.label_names)
+
+    def metric_context(self, spec: TaskSpec, data, split: str, tokenizer, max_seq_length: int) -> Any:
+        """What :meth:`compute_metrics` needs beyond a split's outputs and labels to score it fully, from the task's
+        untokenized ``data`` (every split; ``split`` the one scored), or None (this default: nothing more). Token
+        classification: the scored words and the training set's entity names, for surface-form F1 and the F1 of
+        entities seen and unseen in training."""
+        return None
 
     def report_sections(self, spec: TaskSpec, metrics: dict[str, dict]) -> list[str]:
         """Markdown sections the report adds after its table, from each model's dev metrics ({model name: metrics}):

@@ -16,7 +16,7 @@ from distill.tasks.base import TaskSpec, TaskType
 from distill.tasks.data import collator, tokenize
 
 
-def compute_metrics(spec: TaskSpec, outputs, labels) -> dict[str, float]:
+def compute_metrics(spec: TaskSpec, outputs, labels, context=None) -> dict[str, float]:
     """The task's metrics (``spec.metrics``) from model outputs, as its task type computes them
     (:meth:`TaskType.compute_metrics`).
 
@@ -24,8 +24,9 @@ def compute_metrics(spec: TaskSpec, outputs, labels) -> dict[str, float]:
         outputs: what :func:`predict` returns: (N, C) logits (N, 1 for regression), or per example (T_i, C) for a
             type with outputs per token.
         labels: the tokenized dataset's ``labels``.
+        context: what the type needs beyond them (:meth:`TaskType.metric_context`), or None.
     """
-    return spec.type.compute_metrics(spec, outputs, labels)
+    return spec.type.compute_metrics(spec, outputs, labels, context)
 
 
 @torch.no_grad()
@@ -79,20 +80,24 @@ def predict(model, dataset, tokenizer, *, task_type: TaskType, device: torch.dev
     return restored
 
 
-def evaluate(model, dataset, tokenizer, spec: TaskSpec, *, device: torch.device | str, batch_size: int = 64) -> dict:
-    """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`, :func:`predict`)."""
+def evaluate(model, dataset, tokenizer, spec: TaskSpec, *, device: torch.device | str, batch_size: int = 64,
+             context=None) -> dict:
+    """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`, :func:`predict`);
+    ``context``: what the type needs beyond them (:meth:`TaskType.metric_context`)."""
     logits = predict(model, dataset, tokenizer, task_type=spec.type, device=device, batch_size=batch_size)
-    return compute_metrics(spec, logits, dataset["labels"])
+    return compute_metrics(spec, logits, dataset["labels"], context)
 
 
 def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, *, device: torch.device | str,
                   batch_size: int = 64) -> dict[str, float]:
     """Metrics on every dev set of the task (untokenized ``data`` splits, see :attr:`TaskSpec.dev_splits`): the main
-    dev set's under the metric names, the others with their suffix (MNLI: ``accuracy``, ``accuracy_mismatched``).
-    ``model`` must be on ``device`` (see :func:`predict`)."""
+    dev set's under the metric names, the others with their suffix (MNLI: ``accuracy``, ``accuracy_mismatched``), each
+    with the context its type reads from ``data`` (:meth:`TaskType.metric_context`: e.g. the training set's entity
+    names). ``model`` must be on ``device`` (see :func:`predict`)."""
     metrics = {}
     for split, suffix in spec.dev_splits.items():
         encoded = tokenize(data[split], tokenizer, spec, max_seq_length)
-        metrics.update({name + suffix: value for name, value in
-                        evaluate(model, encoded, tokenizer, spec, device=device, batch_size=batch_size).items()})
+        context = spec.type.metric_context(spec, data, split, tokenizer, max_seq_length)
+        metrics.update({name + suffix: value for name, value in evaluate(
+            model, encoded, tokenizer, spec, device=device, batch_size=batch_size, context=context).items()})
     return metrics

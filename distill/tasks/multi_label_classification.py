@@ -298,7 +298,7 @@ class MultiLabelClassification(TaskType):
     def collator(self, tokenizer):
         return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
-    def compute_metrics(self, spec, outputs, labels):
+    def compute_metrics(self, spec, outputs, labels, context=None):
         metrics = multi_label_metrics(np.asarray(outputs), np.asarray(labels), spec.label_names)
         return {name: value for name, value in metrics.items() if name in spec.metrics or name.startswith("f1/")}
 

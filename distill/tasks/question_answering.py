@@ -376,7 +376,7 @@ class QuestionAnswering(TaskType):
     def collator(self, tokenizer):
         return QuestionAnsweringCollator(tokenizer)
 
-    def compute_metrics(self, spec, outputs, labels):
+    def compute_metrics(self, spec, outputs, labels, context=None):
         metrics = squad_metrics(outputs, labels)
         return {name: metrics[name] for name in spec.metrics}
 

@@ -379,7 +379,7 @@ class SequenceClassification(TaskType):
 
         return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
-    def compute_metrics(self, spec, outputs, labels):
+    def compute_metrics(self, spec, outputs, labels, context=None):
         return sequence_metrics(spec, np.asarray(outputs), np.asarray(labels))
 
     def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,

@@ -215,6 +215,27 @@ def align_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int
     return labels
 
 
+def _as_read(tokenizer: PreTrainedTokenizerBase, sentences: list[list[str]]) -> list[list[str]]:
+    """Pre-split sentences as the tokenizer should read them. A byte-level BPE tokenizer (RoBERTa, GPT-2) made
+    without add_prefix_space reads each pre-split word as if it began the text ("movie" -> "mo", "vie"); words in
+    running text carry a leading space ("Ġmovie"). Giving every word its space makes the pieces those of running text,
+    as add_prefix_space=True would."""
+    if getattr(tokenizer, "add_prefix_space", None) is False:
+        return [[" " + w for w in sentence] for sentence in sentences]
+    return sentences
+
+
+def scored_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
+                 ) -> list[list[str]]:
+    """Per sentence of a split (``tokens``), the words :func:`tokenize_words` scores, in order: those with a first
+    word piece within ``max_seq_length`` (one per label that is not :data:`IGNORE`)."""
+    sentences = dataset["tokens"]
+    encoded = tokenizer(_as_read(tokenizer, sentences), is_split_into_words=True, truncation=True,
+                        max_length=max_seq_length)
+    return [[sentence[w] for w in sorted({w for w in encoded.word_ids(i) if w is not None})]
+            for i, sentence in enumerate(sentences)]
+
+
 def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
                    ) -> datasets.Dataset:
     """Tokenize pre-split sentences (``tokens``, ``label``) into word pieces with aligned ``labels``
@@ -232,13 +253,8 @@ def tokenize_words(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase
         raise DataError(f"token classification needs a fast tokenizer (word_ids); {type(tokenizer).__name__} is not "
                         "one: load the model's tokenizer with use_fast=True")
 
-    # A byte-level BPE tokenizer (RoBERTa, GPT-2) made without add_prefix_space reads each pre-split word as if it
-    # began the text ("movie" -> "mo", "vie"); words in running text carry a leading space ("Ġmovie"). Giving every
-    # word its space makes the pieces those of running text, as add_prefix_space=True would.
-    spaced = getattr(tokenizer, "add_prefix_space", None) is False
-
     def encode(batch: dict) -> dict:
-        words = [[" " + w for w in sentence] for sentence in batch["tokens"]] if spaced else batch["tokens"]
+        words = _as_read(tokenizer, batch["tokens"])
         encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_seq_length)
         labels, missing = [], {}
         for i, tags in enumerate(batch["label"]):
@@ -293,19 +309,41 @@ def token_soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch
 
 
 def entity_metrics(logits: list[np.ndarray] | np.ndarray, labels: list[np.ndarray] | np.ndarray,
-                   label_names: tuple[str, ...]) -> dict[str, float]:
-    """Entity-level precision, recall and F1 (micro-averaged over entity types, strict IOB2 matching: an entity
-    counts when its type and both boundaries are right) as seqeval computes them, and the accuracy of word labels.
+                   label_names: tuple[str, ...], words: list[list[str]] | None = None,
+                   train_surfaces: set[str] | None = None) -> dict[str, float]:
+    """Entity-level precision, recall and F1, micro-averaged over entity types, as seqeval computes them, by two
+    conventions, and the accuracy of word labels.
+
+    - ``f1``, ``precision``, ``recall``: the standard convention, conlleval's (CoNLL-2000 shared task), which the
+      WNUT-17 evaluation and Hugging Face's ``run_ner.py`` (seqeval's default mode) share: an ``I-x`` after ``O`` or
+      after another type starts an entity. An entity counts when its type and both boundaries are right.
+    - ``f1_strict``, ``precision_strict``, ``recall_strict``: seqeval's strict IOB2 mode, where only ``B-x`` starts
+      an entity (a student that opens entities with ``I-`` scores lower here).
+
+    With the scored ``words`` of each sentence (:meth:`TokenClassification.metric_context`), also WNUT-17's second
+    official metric, surface-form F1 (Derczynski et al. 2017, W17-4418, section 4): precision and recall over the
+    unique (words, type) pairs of the split, a pair correct when one of its mentions is found exactly
+    (``surface/f1``, ``surface/precision``, ``surface/recall``); and with ``train_surfaces`` (the training set's entity
+    strings, case-folded) the entity F1 of mentions whose string occurs among them and of those that do not
+    (``seen/f1``, ``unseen/f1``, their ``precision``/``recall``, and the gold mention counts ``seen/entities``,
+    ``unseen/entities``): a prediction belongs to the part its own string falls in, so each part's precision and
+    recall are those of the standard convention restricted to it.
 
     Args:
         logits: per sentence (T_i, C) logits, or one (N, T, C) array.
         labels: per sentence (T_i,) label ids with :data:`IGNORE` at unscored pieces, or one (N, T) array.
         label_names: BIO tag names in id order (``O``, ``B-x``, ``I-x``).
+        words: per sentence its scored words, (W_i,) with W_i the number of labels not :data:`IGNORE`; or None.
+        train_surfaces: case-folded entity strings (words joined by one space) of the training set; or None.
 
     Returns:
-        ``f1``, ``precision``, ``recall`` (entity level, in [0, 1]) and ``accuracy`` (word level).
+        The metrics above, in [0, 1] (the counts as floats).
+
+    Raises:
+        ValueError: ``words`` do not match the scored labels of a sentence.
     """
     from seqeval.metrics import f1_score, precision_score, recall_score
+    from seqeval.metrics.sequence_labeling import get_entities
     from seqeval.scheme import IOB2
 
     gold, predicted = [], []
@@ -315,21 +353,68 @@ def entity_metrics(logits: list[np.ndarray] | np.ndarray, labels: list[np.ndarra
         predictions = np.asarray(sentence_logits)[: len(sentence_labels)].argmax(axis=-1)[scored]
         gold.append([label_names[i] for i in sentence_labels[scored]])
         predicted.append([label_names[i] for i in predictions])
-    options = {"mode": "strict", "scheme": IOB2, "zero_division": 0}
-    words = sum(len(g) for g in gold)
+    metrics = {}
+    for suffix, options in (("", {"zero_division": 0}), ("_strict", {"mode": "strict", "scheme": IOB2,
+                                                                    "zero_division": 0})):
+        metrics[f"f1{suffix}"] = float(f1_score(gold, predicted, **options))
+        metrics[f"precision{suffix}"] = float(precision_score(gold, predicted, **options))
+        metrics[f"recall{suffix}"] = float(recall_score(gold, predicted, **options))
+    scored_words = sum(len(g) for g in gold)
     correct = sum(int(a == b) for g, p in zip(gold, predicted) for a, b in zip(g, p))
-    return {"f1": float(f1_score(gold, predicted, **options)),
-            "precision": float(precision_score(gold, predicted, **options)),
-            "recall": float(recall_score(gold, predicted, **options)),
-            "accuracy": correct / words if words else 0.0}
+    metrics["accuracy"] = correct / scored_words if scored_words else 0.0
+    if words is None:
+        return metrics
+
+    def mentions(tag_lists):  # {(sentence, type, start, end): words}, conlleval's chunks
+        found = {}
+        for i, (tags, sentence) in enumerate(zip(tag_lists, words)):
+            if len(sentence) != len(tags):
+                raise ValueError(f"sentence {i}: {len(sentence)} words for {len(tags)} scored labels")
+            for kind, start, end in get_entities(list(tags)):
+                found[(i, kind, start, end)] = tuple(sentence[start:end + 1])
+        return found
+
+    true, guessed = mentions(gold), mentions(predicted)
+    hits = true.keys() & guessed.keys()
+    metrics.update(_prf("surface", {(w, k[1]) for k, w in true.items()}, {(w, k[1]) for k, w in guessed.items()},
+                        {(true[k], k[1]) for k in hits}))
+    if train_surfaces is not None:
+        for part, wanted in (("seen", True), ("unseen", False)):
+            def keep(found):
+                return {k for k, w in found.items() if (" ".join(w).casefold() in train_surfaces) == wanted}
+            part_true, part_guessed = keep(true), keep(guessed)
+            metrics.update(_prf(part, part_true, part_guessed, part_true & part_guessed))
+            metrics[f"{part}/entities"] = float(len(part_true))
+    return metrics
+
+
+def _prf(prefix: str, true: set, guessed: set, correct: set) -> dict[str, float]:
+    """``{prefix}/precision``, ``/recall``, ``/f1`` of ``correct`` among ``guessed`` and ``true`` (0 where empty)."""
+    precision = len(correct) / len(guessed) if guessed else 0.0
+    recall = len(correct) / len(true) if true else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {f"{prefix}/precision": precision, f"{prefix}/recall": recall, f"{prefix}/f1": f1}
+
+
+def entity_surfaces(dataset: datasets.Dataset, label_names: tuple[str, ...]) -> set[str]:
+    """The case-folded strings (words joined by one space) of every entity in a tagged split (``tokens``, ``label``),
+    entities found by the standard convention (:func:`entity_metrics`)."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    surfaces = set()
+    for sentence, tags in zip(dataset["tokens"], dataset["label"]):
+        for _, start, end in get_entities([label_names[t] for t in tags]):
+            surfaces.add(" ".join(sentence[start:end + 1]).casefold())
+    return surfaces
 
 
 def constant_guess(spec, dev_labels=None) -> dict:
     """Chance on a token-classification task: what the best constant guess, one tag for every word, scores on the
     primary metric (``spec.metrics[0]``, an entity metric: :func:`user_spec` refuses word accuracy first) of these dev
-    labels, as :func:`entity_metrics` scores it. Tagging every word ``O`` (or an ``I-`` tag, which strict IOB2 never
-    lets start an entity) finds no entity: 0. Tagging every word ``B-x`` finds each one-word entity of type x, so
-    where those are common it scores above 0.
+    labels, as :func:`entity_metrics` scores it. Tagging every word ``O`` finds no entity: 0. Tagging every word
+    ``B-x`` finds each one-word entity of type x; tagging every word ``I-x`` (which opens an entity under the standard
+    scorer, not under strict IOB2) finds each whole sentence that is one entity of type x; where those are common the
+    guess scores above 0.
 
     Args:
         spec: the task (its tags, :attr:`TaskSpec.label_names`, and metrics).
@@ -342,7 +427,7 @@ def constant_guess(spec, dev_labels=None) -> dict:
     best = {"metric": metric, "value": 0.0, "basis": "every word tagged O (no entity found)"}
     sentences = [np.asarray(labels, dtype=np.int64) for labels in ([] if dev_labels is None else dev_labels)]
     for tag_id, tag in enumerate(spec.label_names if any(len(s) for s in sentences) else ()):
-        if not tag.startswith("B-"):
+        if tag == "O":
             continue
         guess = [np.eye(len(spec.label_names))[np.full(len(s), tag_id)] for s in sentences]
         value = entity_metrics(guess, sentences, spec.label_names)[metric]
@@ -380,7 +465,7 @@ class TokenCollator:
 
 
 JSON_SUFFIXES = (".jsonl", ".json")
-NER_METRICS = ("f1", "precision", "recall", "accuracy")  # entity F1 first: the primary metric
+NER_METRICS = ("f1", "f1_strict", "precision", "recall", "accuracy")  # entity F1 first: the primary metric
 
 
 def tag_order(tags) -> list[str]:
@@ -453,8 +538,8 @@ def read_tagged_sentences(path: str | Path, spec) -> list[TaggedSentence]:
 
 def check_iob2(tags: list[list[str]], where: list[list[str]], path: str | Path) -> None:
     """The gold tags as IOB2 (Ramshaw and Marcus, 1995; Tjong Kim Sang and Veenstra, 1999): an ``I-type`` tag only
-    after ``B-type`` or ``I-type`` of the same type. seqeval's strict IOB2 mode, which scores the entities, drops an
-    entity that breaks this, so IOB1 files (the original CoNLL-2003 ``eng.*``) would score near 0.
+    after ``B-type`` or ``I-type`` of the same type. The models learn IOB2 tags, and the strict IOB2 scores drop an
+    entity that breaks it, so IOB1 files (the original CoNLL-2003 ``eng.*``) would be learnt and scored wrongly.
 
     A file is IOB1 when more of its entities start with ``I-`` than with ``B-`` (IOB1 writes ``B-`` only between two
     entities of one type); only then is converting it the advice. In an IOB2 file the first broken tag is named as a
@@ -572,9 +657,34 @@ class TokenClassification(TaskType):
     def collator(self, tokenizer):
         return TokenCollator(tokenizer)
 
-    def compute_metrics(self, spec, outputs, labels):
-        metrics = entity_metrics(outputs, labels, spec.label_names)
-        return {name: metrics[name] for name in spec.metrics}
+    def compute_metrics(self, spec, outputs, labels, context=None):
+        words, surfaces = context if context is not None else (None, None)
+        metrics = entity_metrics(outputs, labels, spec.label_names, words, surfaces)
+        return {name: value for name, value in metrics.items() if name in spec.metrics or "/" in name}
+
+    def metric_context(self, spec, data, split, tokenizer, max_seq_length):
+        surfaces = entity_surfaces(data["train"], spec.label_names) if "train" in data else None
+        return scored_words(data[split], tokenizer, max_seq_length), surfaces
+
+    def report_sections(self, spec, metrics):
+        models = [m for m in metrics if "surface/f1" in metrics[m]]
+        if not models:
+            return []
+        parts = [("all entities (standard scorer)", "f1"), ("strict IOB2", "f1_strict"),
+                 ("surface forms (unique strings)", "surface/f1")]
+        unseen = all("unseen/f1" in metrics[m] for m in models)
+        if unseen:
+            parts += [(f"seen in training ({metrics[models[0]]['seen/entities']:.0f} mentions)", "seen/f1"),
+                      (f"unseen in training ({metrics[models[0]]['unseen/entities']:.0f} mentions)", "unseen/f1")]
+        lines = ["Entity F1 on dev by scorer and by entity. The standard scorer is conlleval's (seqeval's default "
+                 "mode: an I- tag may open an entity); strict IOB2 opens entities at B- only; surface forms count "
+                 "each unique (string, type) once, as WNUT-17's second metric"
+                 + ("; seen/unseen: whether the mention's string (case-folded) is an entity in the training data."
+                    if unseen else "."), "", "| entities | " + " | ".join(models) + " |",
+                 "|---|" + "---|" * len(models)]
+        lines += [f"| {label} | " + " | ".join(f"{metrics[m].get(key, float('nan')):.4f}" for m in models) + " |"
+                  for label, key in parts]
+        return ["\n".join(lines)]
 
     def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
                         hard_label_weight):
