@@ -409,6 +409,16 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
             "'B-location', 'I-location']) and task sst2 needs a sequence classifier of 2 (negative, positive): it was "
             "made for another task; give the config of the run that made it"), errors[0]
 
+    # A finished run scored by an older version (no f1_strict; its f1 another scorer's) is scored again from the
+    # saved models when the job runs again, and the stage record updated: the report never mixes two scorers.
+    record = json.loads((out / "student" / "stage.json").read_text())
+    stale = {**record, "dev": {"f1": 0.123, "precision": 0.5, "recall": 0.5, "accuracy": 0.5}}
+    (out / "student" / "stage.json").write_text(json.dumps(stale))
+    again = run_pipeline(load_config(str(path)))
+    assert again["models"]["student"]["dev"] == pytest.approx(dev)
+    updated = json.loads((out / "student" / "stage.json").read_text())
+    assert updated["dev"] == pytest.approx(dev) and {**updated, "dev": None} == {**record, "dev": None}
+
 
 def TaskSpecFor():
     return task_spec(TaskConfig(name="ner", task_type="token_classification", train_file="unused.conll",

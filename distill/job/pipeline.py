@@ -41,6 +41,7 @@ from augment import (
 from augment.dataset import masked_lm_words
 from distill.publish.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
 from distill.method.checkpoint import (
+    STAGE_FILE,
     finished_or_superseded,
     mark_stage_done,
     mark_stage_started,
@@ -833,9 +834,29 @@ def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
     return with_overrides(config, overrides) if overrides else config
 
 
+def rescored(record: dict, folder: Path, config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict,
+             device: torch.device) -> dict:
+    """A finished teacher or student stage's record with dev metrics of the current scorer: a record that lacks a
+    metric the task names now (scored by an older version, e.g. NER before ``f1_strict`` stood beside the standard
+    ``f1``) is scored again from the saved model, and its ``stage.json`` updated (run id and wall time kept), so the
+    report never compares a teacher and a student scored two ways."""
+    missing = [name for name in spec.metrics if name not in record.get("dev", {})]
+    if not missing:
+        return record
+    logger.info("%s: its dev metrics predate %s; scoring the saved model again", folder, ", ".join(missing))
+    model = spec.type.model_class(spec).from_pretrained(folder).eval().to(device)
+    metrics = evaluate_task(model, data, load_tokenizer(str(folder)), spec, config.task.max_seq_length, device=device)
+    record = {**record, "dev": metrics}
+    if is_main_process():
+        write_json_atomic(folder / STAGE_FILE, record)
+    return record
+
+
 def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
     student_record = distill_stage(config, spec, data, teacher_record, train_data, data_run_id, out, device=device)
+    teacher_record = rescored(teacher_record, out / "teacher", config, spec, data, device)
+    student_record = rescored(student_record, out / "student", config, spec, data, device)
     # Under a multi-process launch the main process times the models and writes the report, the ONNX files and the
     # card; the others then build the same report from the timing it stored (no second timing on shared cores, no
     # two writers of one file).
