@@ -246,6 +246,13 @@ def _leave_process_group() -> None:
             logging.getLogger(__name__).warning("leaving the process group failed: %s", error)
 
 
+def _default_task() -> str:
+    """The task the default job's config is for (``sst2``)."""
+    import yaml
+
+    return yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))["task"]["name"]
+
+
 def _task_recipe(name: str | None) -> tuple[str, str] | None:
     """The shipped config for a named task that the default job's is not for (see
     :meth:`distill.tasks.TaskType.recipe`): (file name, what it is for), or None."""
@@ -279,6 +286,9 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         config_file = str(DEFAULT_CONFIG.with_name(recipe[0]))
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
         print(f"config: configs/{recipe[0]}, {recipe[1]} (--config FILE for another)", file=sys.stderr)
+    elif args.config is None and task_job and args.task not in (None, _default_task()):
+        # Another task on the default job's recipe gets its own folder: the default job's stay as they are.
+        overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
     if args.command == "benchmark" and args.no_compress:
         overrides["benchmark.compress"] = []
     if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export"):

@@ -151,6 +151,9 @@ def test_a_setting_added_later_keeps_the_run_ids_of_outputs_made_before_it():
     (["pipeline", "--task", "sst2"], False, "runs/sst2_minilm"),
     (["seeds", "--task", "stsb", "--output-dir", "mine"], True, "mine"),
     (["pipeline", "--task", "mrpc", "--config", "configs/sst2_minilm.yaml"], False, "runs/sst2_minilm"),
+    # Another task on the default job's recipe (no recipe of its own) gets a folder of its own too.
+    (["pipeline", "--task", "goemotions"], False, "runs/goemotions"),
+    (["seeds", "--task", "cola"], False, "runs/cola_seeds"),
     # The student's shape follows the teacher (preset teacher-half), so a teacher of the user's gets the recipe too.
     (["pipeline", "--task", "mrpc", "--teacher", "my/bert-base-mrpc"], True, "runs/mrpc"),
 ])
