@@ -220,7 +220,8 @@ class AugmentConfig:
                                     "(ner_minilm.yaml: true)", flag=False)
     # A transfer set: sentences of unlabelled text join the distillation set, their only targets the teacher's logits.
     unlabelled: list[str] = field(default_factory=list, metadata={
-        "help": "text files (.txt/.gz, one sentence a line), 'bundled' or hub datasets whose sentences, drawn at "
+        "help": "text files (.txt/.gz, one sentence a line), 'transfer' (50,000 shipped sentences of Brown and movie "
+                "reviews), 'bundled' or hub datasets whose sentences, drawn at "
                 "random, fill the room max_rows leaves after augmentation, with no label: the teacher's logits are "
                 "their targets (one-text classification and token classification)", "flag": False})
 

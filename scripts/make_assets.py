@@ -4,9 +4,12 @@ The default pipeline must run on a fresh machine with no network and no ../share
 - sst2/train.tsv: a label-stratified random sample of GLUE SST-2 train (seed 0),
 - sst2/dev.tsv: the full GLUE SST-2 dev set, unchanged,
 - corpus/mlm_sample.txt.gz: a sample of movie-review and Brown sentences for `adapt-mlm`,
+- corpus/transfer_sample.txt.gz: a larger sample of the same two corpora (`augment.unlabelled: [transfer]`), the
+  transfer set the NER recipe's student learns the teacher's tagging from (drawn apart from the first, seed 1),
 - stopwords/english: the NLTK English stop word list, unchanged.
 
 Usage: python scripts/make_assets.py [--shared ../shared/data] [--train-size 10000] [--corpus-lines 12000]
+       [--transfer-lines 50000]
 """
 
 import argparse
@@ -34,6 +37,7 @@ def main() -> None:
     parser.add_argument("--shared", default="../shared/data")
     parser.add_argument("--train-size", type=int, default=10000)
     parser.add_argument("--corpus-lines", type=int, default=12000)
+    parser.add_argument("--transfer-lines", type=int, default=50000)
     parser.add_argument("--out", default="distill/assets")
     args = parser.parse_args()
     shared, out = Path(args.shared), Path(args.out)
@@ -55,6 +59,16 @@ def main() -> None:
     (out / "corpus").mkdir(exist_ok=True)
     with gzip.GzipFile(out / "corpus/mlm_sample.txt.gz", "wb", mtime=0) as f:  # mtime 0: same bytes every build
         f.write(("\n".join(corpus) + "\n").encode("utf-8"))
+
+    rng = random.Random(1)
+    transfer = []
+    for name in ("movie_reviews_plain.txt.gz", "brown_plain.txt.gz"):
+        with gzip.open(shared / "corpus" / name, "rt", encoding="utf-8") as f:
+            sentences = [s.strip() for s in f if len(s.split()) >= 5]
+        transfer += rng.sample(sentences, args.transfer_lines // 2)
+    rng.shuffle(transfer)
+    with gzip.GzipFile(out / "corpus/transfer_sample.txt.gz", "wb", mtime=0) as f:
+        f.write(("\n".join(transfer) + "\n").encode("utf-8"))
 
     (out / "stopwords").mkdir(exist_ok=True)
     shutil.copyfile(shared / "stopwords/english", out / "stopwords/english")

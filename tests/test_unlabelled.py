@@ -242,3 +242,20 @@ def test_a_masked_lm_budget_too_small_for_one_example_runs_no_masked_lm(tmp_path
     assert not (out / "mlm").exists()
     assert json.loads((out / "augmented" / "stage.json").read_text())["num_augmented"] == 0
     assert "augment.max_mlm_words 1); every example is kept as it is and no masked LM is adapted" in caplog.text
+
+
+def test_the_ner_recipe_ships_its_transfer_set():
+    """`augment.unlabelled: [transfer]` names a corpus shipped with the package (50,000 sentences of Brown and movie
+    reviews, distill/assets/PROVENANCE.md), so the plain NER command needs no text from the user; it is drawn from
+    like any file, the dev sentences left out."""
+    from distill.job.corpus import TRANSFER_CORPUS, corpus_sources
+
+    config = load_config("ner_minilm.yaml", {"task.name": "wnut_17"})
+    assert config.augment.unlabelled == ["transfer"] and config.augment.max_rows == 50000
+    assert corpus_sources(["transfer"]) == [str(TRANSFER_CORPUS)]
+    with gzip.open(TRANSFER_CORPUS, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    assert len(lines) == 50000 and all(len(line.split()) >= 5 for line in lines)
+    drawn = sample_lines(["transfer"], 100, seed=42, exclude={" ".join(lines[0].split())})
+    assert len(drawn) == 100 and " ".join(lines[0].split()) not in drawn
+    assert sample_lines(["transfer"], 100, seed=42) != sample_lines(["transfer"], 100, seed=43)

@@ -30,21 +30,25 @@ from distill.job.fingerprints import file_sha256
 logger = logging.getLogger(__name__)
 
 BUNDLED_CORPUS = ASSETS / "corpus" / "mlm_sample.txt.gz"
+# The shipped transfer set: 50,000 other sentences of the same two corpora (distill/assets/PROVENANCE.md).
+TRANSFER_CORPUS = ASSETS / "corpus" / "transfer_sample.txt.gz"
+NAMED_CORPORA = {"bundled": BUNDLED_CORPUS, "transfer": TRANSFER_CORPUS}
 TEXT_SUFFIXES = (".txt", ".gz", ".text")
 # Lines tokenised together: the unit of work of the packing map, and of its resume position when streaming.
 LINES_PER_BATCH = 1000
 
 
 def corpus_sources(names: list[str]) -> list[str]:
-    """Resolve corpus entries: "bundled" (the shipped Brown + movie-review sample), files, or hub names.
+    """Resolve corpus entries: "bundled" (the shipped Brown + movie-review sample, 12,000 sentences), "transfer" (50,000
+    other sentences of the same corpora, shipped as a transfer set), files, or hub names.
 
     Raises:
         DataError: an entry looks like a file (has a path separator or a text suffix) but does not exist.
     """
     sources = []
     for name in names:
-        if name == "bundled":
-            name = str(BUNDLED_CORPUS)
+        if name in NAMED_CORPORA:
+            name = str(NAMED_CORPORA[name])
         path = Path(name)
         looks_like_file = os.sep in name or name.endswith(TEXT_SUFFIXES)
         if looks_like_file and not path.is_file():
