@@ -70,6 +70,17 @@ def test_a_run_whose_report_gives_no_share_at_chance_gives_none_to_the_mean_eith
     assert "Seed 2: retained n/a — teacher at chance" in table
 
 
+def test_the_summary_shows_the_metrics_a_type_names_for_it_and_no_other_extra_key():
+    """NER's F1 on unseen entities is averaged over seeds beside the headline metrics; a key no type names for the
+    summary (the mention counts, a surface-form precision) stays in the reports only."""
+    teacher = {"f1": 0.5, "f1_strict": 0.52, "unseen/f1": 0.4, "unseen/entities": 300.0, "surface/precision": 0.5}
+    student = {"f1": 0.45, "f1_strict": 0.46, "unseen/f1": 0.3, "unseen/entities": 300.0, "surface/precision": 0.4}
+    summary = summarize({1: _report(teacher, student, {}), 2: _report(teacher, {**student, "unseen/f1": 0.34}, {})})
+    assert summary["metrics"] == ["f1", "f1_strict", "unseen/f1"]
+    assert summary["over_seeds"]["retained"]["unseen/f1"]["mean"] == pytest.approx(0.8)
+    assert "retained unseen/f1" in seeds_markdown(summary)
+
+
 def test_one_seed_has_no_spread_rows():
     """One run has no standard deviation: the summary shows its row and says so, not "± 0"."""
     table = seeds_markdown(summarize({44: _report({"f1": 0.6571}, {"f1": 0.6382}, {"teacher": 600})}))

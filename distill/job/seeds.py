@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from distill.method.checkpoint import is_main_process, output_lock, write_json_atomic
-from distill.tasks import headline_metrics
+from distill.tasks import summary_metrics
 from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.job.pipeline import run_pipeline
 from distill.job.processes import several_processes
@@ -141,7 +141,9 @@ def summarize(reports: dict[int, dict]) -> dict:
                      "retained_note": note,
                      "task_minutes": task_seconds(stages) / 60,
                      "resumed": any(entry["resumed"] for entry in stages.values())})
-    metrics = headline_metrics(runs[0]["teacher"])  # the table's metrics (a type's extra keys stay in the reports)
+    # the table's metrics: the headline ones and those a type names for the summary (others stay in the reports)
+    metrics = [m for m in summary_metrics(runs[0]["teacher"]) if all(m in run["teacher"] and m in run["student"]
+                                                                    for run in runs)]
     over = {}
     for role in ("teacher", "student", "retained"):
         values = {m: [run[role][m] for run in runs if run[role][m] is not None] for m in metrics}

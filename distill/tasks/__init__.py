@@ -31,6 +31,7 @@ from distill.tasks.base import (
     get_task_type,
     head_type,
     headline_metrics,
+    summary_metrics,
     load_head_model,
     metric_names,
     pad_rows,
@@ -55,5 +56,5 @@ def _import_types() -> None:
 _import_types()
 
 __all__ = ["DEFAULT_TYPE", "TASK_TYPES", "TASKS", "DataError", "ModelError", "PredictionHead", "TaskSpec", "TaskType",
-           "check_model_head", "get_task", "get_task_type", "head_type", "headline_metrics", "load_head_model", "metric_names", "pad_rows",
+           "check_model_head", "get_task", "get_task_type", "head_type", "headline_metrics", "summary_metrics", "load_head_model", "metric_names", "pad_rows",
            "record_serving", "register_task", "register_task_type"]

@@ -86,6 +86,8 @@ class TaskType:
 
     name: str = ""
     metric_names: tuple[str, ...] = ()  # the metrics this type scores (task.metrics chooses among them)
+    # metrics it adds beyond them (keys of compute_metrics with a "/") that the seeds summary shows over seeds too
+    summary_metrics: tuple[str, ...] = ()
     pipeline_tag: str = ""  # the hub's pipeline tag of the model card, and the pipeline() task name
     architecture: str = ""  # the end of a checkpoint's architecture name with this head, e.g. ForTokenClassification
     description: str = ""  # in words, for messages: "sequence classifier"
@@ -338,6 +340,14 @@ def headline_metrics(metrics: dict) -> list[str]:
     Other keys a type adds (a label's F1, ``f1/joy``) stay in the records and the type's report sections."""
     names = metric_names()
     return [key for key in metrics if any(key == name or key.startswith(f"{name}_") for name in names)]
+
+
+def summary_metrics(metrics: dict) -> list[str]:
+    """The columns of the seeds summary: :func:`headline_metrics`, then the keys of these dev metrics that a
+    registered type names in :attr:`TaskType.summary_metrics` (NER's F1 on entities unseen in training), in the
+    type's order."""
+    extras = dict.fromkeys(name for kind in TASK_TYPES.values() for name in kind.summary_metrics)
+    return headline_metrics(metrics) + [name for name in extras if name in metrics]
 
 
 def head_type(architectures: list[str], default: str | None = DEFAULT_TYPE) -> TaskType | None:

@@ -632,6 +632,7 @@ class TokenClassification(TaskType):
 
     name = "token_classification"
     metric_names = NER_METRICS
+    summary_metrics = ("surface/f1", "seen/f1", "unseen/f1")
     per_token = True
     pipeline_tag = "token-classification"
     architecture = "ForTokenClassification"
