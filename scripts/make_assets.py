@@ -5,7 +5,8 @@ The default pipeline must run on a fresh machine with no network and no ../share
 - sst2/dev.tsv: the full GLUE SST-2 dev set, unchanged,
 - corpus/mlm_sample.txt.gz: a sample of movie-review and Brown sentences for `adapt-mlm`,
 - corpus/transfer_sample.txt.gz: a larger sample of the same two corpora (`augment.unlabelled: [transfer]`), the
-  transfer set the NER recipe's student learns the teacher's tagging from (drawn apart from the first, seed 1),
+  transfer set the NER recipe's student learns the teacher's tagging from (distinct sentences, none of the
+  first's; seed 1),
 - stopwords/english: the NLTK English stop word list, unchanged.
 
 Usage: python scripts/make_assets.py [--shared ../shared/data] [--train-size 10000] [--corpus-lines 12000]
@@ -61,11 +62,13 @@ def main() -> None:
         f.write(("\n".join(corpus) + "\n").encode("utf-8"))
 
     rng = random.Random(1)
-    transfer = []
+    transfer, taken = [], set(corpus)  # other sentences than the masked LM's sample, each once
     for name in ("movie_reviews_plain.txt.gz", "brown_plain.txt.gz"):
         with gzip.open(shared / "corpus" / name, "rt", encoding="utf-8") as f:
             sentences = [s.strip() for s in f if len(s.split()) >= 5]
+        sentences = [s for s in dict.fromkeys(sentences) if s not in taken]
         transfer += rng.sample(sentences, args.transfer_lines // 2)
+        taken.update(transfer)
     rng.shuffle(transfer)
     with gzip.GzipFile(out / "corpus/transfer_sample.txt.gz", "wb", mtime=0) as f:
         f.write(("\n".join(transfer) + "\n").encode("utf-8"))

@@ -255,7 +255,12 @@ def test_the_ner_recipe_ships_its_transfer_set():
     assert corpus_sources(["transfer"]) == [str(TRANSFER_CORPUS)]
     with gzip.open(TRANSFER_CORPUS, "rt", encoding="utf-8") as handle:
         lines = handle.read().splitlines()
-    assert len(lines) == 50000 and all(len(line.split()) >= 5 for line in lines)
-    drawn = sample_lines(["transfer"], 100, seed=42, exclude={" ".join(lines[0].split())})
-    assert len(drawn) == 100 and " ".join(lines[0].split()) not in drawn
-    assert sample_lines(["transfer"], 100, seed=42) != sample_lines(["transfer"], 100, seed=43)
+    assert len(lines) == len(set(lines)) == 50000 and all(len(line.split()) >= 5 for line in lines)
+    from distill.job.corpus import BUNDLED_CORPUS
+
+    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as handle:
+        assert not set(lines) & set(handle.read().splitlines())  # other sentences than the masked LM's sample
+    drawn = sample_lines(["transfer"], 100, seed=42)
+    again = sample_lines(["transfer"], 100, seed=42, exclude=set(drawn))
+    assert len(again) == 100 and not set(again) & set(drawn)  # the dev sentences are left out so
+    assert drawn != sample_lines(["transfer"], 100, seed=43)
