@@ -120,13 +120,15 @@ def finetune_teacher(
     objective = ModelLossObjective(model)
     selection, scored = None, []  # scored: every dev evaluation's full metrics, in this process's order
 
-    def score(dev: datasets.Dataset) -> float:
-        scored.append(evaluate(model, dev, tokenizer, spec, device=device))
+    def score(dev: datasets.Dataset, context) -> float:
+        scored.append(evaluate(model, dev, tokenizer, spec, device=device, context=context))
         return scored[-1][spec.metrics[0]]
 
     if config.select_best:
-        dev = tokenize(data[next(iter(spec.dev_splits))], tokenizer, spec, task.max_seq_length)
-        selection = Selection(lambda: score(dev), config.eval_steps)
+        split = next(iter(spec.dev_splits))
+        dev = tokenize(data[split], tokenizer, spec, task.max_seq_length)
+        context = spec.type.metric_context(spec, data, split, tokenizer, task.max_seq_length)  # as evaluate_task scores
+        selection = Selection(lambda: score(dev, context), config.eval_steps)
     state = train(objective, train_set, collator(tokenizer, spec), config.train, stage_dir, run_id, "teacher fine-tuning",
                   device=device, selection=selection)
 

@@ -225,8 +225,17 @@ def test_surface_form_and_unseen_entity_f1():
     # Unseen: gold Zorblax Inc, predicted rocks: none right.
     assert metrics["unseen/f1"] == 0.0 and metrics["unseen/entities"] == 1.0
     assert metrics["unseen/precision"] == 0.0
-    # Case-folded: a training entity "PARIS" makes the same mentions seen.
-    assert entity_metrics(logits, gold, TAGS, words=words, train_surfaces={"PARIS".casefold()})["seen/entities"] == 2
+    # Case-folded on both sides: a training entity "PARIS" (entity_surfaces folds it) makes the same mentions seen.
+    import datasets
+
+    from distill.tasks.token_classification import entity_surfaces
+
+    train = datasets.Dataset.from_dict({"tokens": [["PARIS", "is", "Zorblax"]], "label": [[3, 0, 0]]})
+    assert entity_surfaces(train, TAGS) == {"paris"}
+    assert entity_metrics(logits, gold, TAGS, words=words, train_surfaces=entity_surfaces(train, TAGS))[
+        "seen/entities"] == 2
+    shouted = [[w.upper() for w in sentence] for sentence in words]  # and a dev "PARIS" is the training "paris"
+    assert entity_metrics(logits, gold, TAGS, words=shouted, train_surfaces={"paris"})["seen/entities"] == 2
     # Without the training entities, no split; words that do not match the labels are refused.
     assert "seen/f1" not in entity_metrics(logits, gold, TAGS, words=words)
     with pytest.raises(ValueError, match="sentence 1: 1 words for 2 scored labels"):
@@ -284,6 +293,10 @@ def test_chance_is_the_best_constant_tag_on_the_dev_labels():
     assert kind.chance(spec, [[1, 2, 0], [0, 3, 4]]) == {"metric": "f1", "value": 0.0,
                                                           "basis": "every word tagged O (no entity found)"}
     assert kind.chance(TASKS["wnut_17"])["value"] == 0.0  # no dev labels given: every word O
+    # Where every sentence is one entity, tagging every word I-person finds them all (it opens an entity under the
+    # standard scorer), and B-person none of the two-word ones: chance 1.
+    assert kind.chance(spec, [[1, 2], [1, 2]]) == {"metric": "f1", "value": 1.0,
+                                                    "basis": "every word tagged 'I-person'"}
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -417,7 +430,32 @@ def test_the_pipeline_distils_a_token_classifier_that_serves_entities(tmp_path, 
     again = run_pipeline(load_config(str(path)))
     assert again["models"]["student"]["dev"] == pytest.approx(dev)
     updated = json.loads((out / "student" / "stage.json").read_text())
-    assert updated["dev"] == pytest.approx(dev) and {**updated, "dev": None} == {**record, "dev": None}
+    assert updated["dev"] == pytest.approx(dev) and updated.pop("rescored") is True
+    assert {**updated, "dev": None} == {**record, "dev": None}
+
+
+def test_a_teacher_fine_tuned_with_selection_is_scored_with_the_types_context(tmp_path, tiny_tokenizer):
+    """The fine-tuned teacher's dev record is the kept weights' selection score: it holds surface-form and unseen-entity
+    F1 as the student's evaluation does, so the report and the seeds summary compare the two on them."""
+    from teachers.finetune import finetune_teacher
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    write_conll(data_dir / "train.conll", SENTENCES * 4)
+    write_conll(data_dir / "dev.conll", SENTENCES)
+    encoder = tmp_path / "encoder"
+    tiny_ner_teacher().bert.save_pretrained(encoder)
+    tiny_tokenizer.save_pretrained(encoder)
+    config = load_config(tiny_job(tmp_path, tiny_ner_teacher(), tiny_tokenizer, task={
+        "name": "ner", "task_type": "token_classification", "train_file": str(data_dir / "train.conll"),
+        "dev_file": str(data_dir / "dev.conll"), "label_names": list(TAGS)}, teacher={
+        "model": None, "base_model": str(encoder), "select_best": True, "eval_steps": 1,
+        "train": {"max_steps": 2, "batch_size": 4, "save_steps": 1, "log_steps": 1}}))
+    spec = task_spec(config.task)
+    data = load_task_data(config.task, spec)
+    record = finetune_teacher(config.teacher, config.task, spec, data, tmp_path / "teacher", "id", device="cpu")
+    assert {"f1", "f1_strict", "surface/f1", "seen/f1", "unseen/f1"} <= set(record["dev"])
+    assert list(record["dev"])[: len(spec.metrics)] == list(spec.metrics)  # the task's order: its primary first
 
 
 def TaskSpecFor():
@@ -540,6 +578,7 @@ def test_replacing_entity_words_with_a_hard_label_term_is_warned_of(hard_label_w
 
     folder = shared_data("ner/wnut17")
     config = load_config("ner_minilm.yaml", {"task.data_dir": str(folder), "augment.replace_entities": True,
+                                             "augment.unlabelled": [],  # (which refuses a hard-label term outright)
                                              "distill.hard_label_weight": hard_label_weight})
     with caplog.at_level("WARNING", logger="distill.job.preflight"):
         preflight(config)

@@ -77,7 +77,8 @@ from distill.method.layer_map import build_layer_map
 from distill.method.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.job.preflight import preflight
 from distill.job.pruned import init_projections, kept_channels, pruned_stage
-from distill.job.processes import failure_marked, is_main_process, on_main, several_processes, wait_for
+from distill.job.processes import (failure_marked, is_main_process, on_main, recorded, several_processes,
+                                   wait_for)
 from distill.publish.report import (
     build_report,
     count_parameters,
@@ -837,19 +838,28 @@ def for_device(config: PipelineConfig, device: torch.device) -> PipelineConfig:
 def rescored(record: dict, folder: Path, config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict,
              device: torch.device) -> dict:
     """A finished teacher or student stage's record with dev metrics of the current scorer: a record that lacks a
-    metric the task names now (scored by an older version, e.g. NER before ``f1_strict`` stood beside the standard
-    ``f1``) is scored again from the saved model, and its ``stage.json`` updated (run id and wall time kept), so the
-    report never compares a teacher and a student scored two ways."""
-    missing = [name for name in spec.metrics if name not in record.get("dev", {})]
-    if not missing:
+    metric the task names now, or one its type adds to the seeds summary (scored by an older version, e.g. NER before
+    ``f1_strict`` stood beside the standard ``f1``), is scored again from the saved model by the main process, and its
+    ``stage.json`` updated (run id and wall time kept; a teacher's fine-tuning history, scored the old way, dropped),
+    so the report never compares a teacher and a student scored two ways."""
+    def missing(found: dict | None) -> list[str]:
+        names = (*spec.metrics, *spec.type.summary_metrics)
+        return list(names) if found is None else [name for name in names if name not in found.get("dev", {})]
+
+    stale = missing(record)
+    if not stale:
         return record
-    logger.info("%s: its dev metrics predate %s; scoring the saved model again", folder, ", ".join(missing))
-    model = spec.type.model_class(spec).from_pretrained(folder).eval().to(device)
-    metrics = evaluate_task(model, data, load_tokenizer(str(folder)), spec, config.task.max_seq_length, device=device)
-    record = {**record, "dev": metrics}
-    if is_main_process():
-        write_json_atomic(folder / STAGE_FILE, record)
-    return record
+    if not is_main_process():  # the main process scores it; the others read the record it writes
+        return wait_for(folder, lambda: None if missing(found := recorded(folder, record["run_id"])) else found)
+    with failure_marked(folder):
+        logger.info("%s: its dev metrics predate %s; scoring the saved model again", folder, ", ".join(stale))
+        model = spec.type.model_class(spec).from_pretrained(folder).eval().to(device)
+        metrics = evaluate_task(model, data, load_tokenizer(str(folder)), spec, config.task.max_seq_length,
+                                device=device)
+        kept = {key: value for key, value in record.items() if key not in ("dev", "selection")}
+        updated = {**kept, "dev": metrics, "rescored": True}
+        write_json_atomic(folder / STAGE_FILE, updated)
+    return updated
 
 
 def _pipeline(config: PipelineConfig, device: torch.device, command: str | None) -> dict:

@@ -374,6 +374,8 @@ def entity_metrics(logits: list[np.ndarray] | np.ndarray, labels: list[np.ndarra
                 found[(i, kind, start, end)] = tuple(sentence[start:end + 1])
         return found
 
+    if len(words) != len(gold):
+        raise ValueError(f"{len(words)} sentences of words for {len(gold)} of labels")
     true, guessed = mentions(gold), mentions(predicted)
     hits = true.keys() & guessed.keys()
     metrics.update(_prf("surface", {(w, k[1]) for k, w in true.items()}, {(w, k[1]) for k, w in guessed.items()},
@@ -661,7 +663,7 @@ class TokenClassification(TaskType):
     def compute_metrics(self, spec, outputs, labels, context=None):
         words, surfaces = context if context is not None else (None, None)
         metrics = entity_metrics(outputs, labels, spec.label_names, words, surfaces)
-        return {name: value for name, value in metrics.items() if name in spec.metrics or "/" in name}
+        return {**{name: metrics[name] for name in spec.metrics}, **{k: v for k, v in metrics.items() if "/" in k}}
 
     def metric_context(self, spec, data, split, tokenizer, max_seq_length):
         surfaces = entity_surfaces(data["train"], spec.label_names) if "train" in data else None
