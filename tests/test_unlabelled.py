@@ -160,7 +160,9 @@ def test_the_pipeline_distils_on_unlabelled_rows_and_the_card_says_so(tmp_path, 
     record = json.loads((out / "augmented" / "stage.json").read_text())
     assert record["num_unlabelled"] == 3 and record["num_rows"] <= 40
     assert json.loads((out / "teacher_logits" / "stage.json").read_text())["num_rows"] == record["num_rows"]
-    assert "3 of them sentences of unlabelled.txt with no label" in (out / "student" / "README.md").read_text()
+    card = (out / "student" / "README.md").read_text()
+    assert (f"{record['num_rows']} training rows, {record['num_augmented']} of them augmented copies, 3 of them "
+            "sentences of unlabelled.txt with no label") in card  # the copies counted without the unlabelled rows
     student = (out / "student" / "model.safetensors").read_bytes()
     run_pipeline(load_config(str(path)))  # a rerun reuses every stage, the unlabelled rows read back
     assert json.loads((out / "augmented" / "stage.json").read_text()) == record

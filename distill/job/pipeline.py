@@ -250,10 +250,14 @@ UNLABELLED = "unlabelled"
 
 
 def num_augmented(train_data: datasets.Dataset) -> int:
-    """Augmented copies in the distillation set (``is_augmented``; 0 for a set that was not augmented)."""
+    """Augmented copies in the distillation set (``is_augmented``, rows of unlabelled text left out; 0 for a set that
+    was not augmented)."""
     if "is_augmented" not in train_data.column_names:
         return 0
-    return int(np.sum(np.asarray(train_data["is_augmented"], dtype=bool)))
+    copies = np.asarray(train_data["is_augmented"], dtype=bool)
+    if "source_index" in train_data.column_names:
+        copies &= np.asarray(train_data["source_index"]) != -1  # unlabelled sentences are marked augmented too
+    return int(np.sum(copies))
 
 
 def _recipe(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, general: dict, step1: dict,

@@ -91,8 +91,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
                  + f" on {pruned.get('num_examples')} training examples; dev {before} before distillation")
     lines = [f"teacher: {made}; dev {dev}",
              _augmentation(augment, num_rows, num_augmented)
-             + (f", {num_unlabelled} of them sentences of {', '.join(Path(u).name for u in augment.unlabelled)} with no "
-                f"label (the teacher's logits their targets)" if num_unlabelled else ""),
+             + (f", {num_unlabelled} of them sentences of {', '.join(_corpus_name(u) for u in augment.unlabelled)} "
+                f"with no label (the teacher's logits their targets)" if num_unlabelled else ""),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
              f"student: {_student_shape(config) if config.student.model is None else config.student.model}",
@@ -104,6 +104,13 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
               else f"intermediate step: {_budget(config.distill.intermediate)}")
              + f"; prediction step: {_budget(config.distill.prediction)}"]
     return lines
+
+
+def _corpus_name(name: str) -> str:
+    """A corpus entry in words: a shipped corpus by what it is, a file by its name, a hub dataset by its id."""
+    shipped = {"transfer": "the transfer set shipped with the package (Brown and movie-review sentences)",
+               "bundled": "the bundled Brown and movie-review sample"}
+    return shipped.get(name, Path(name).name)
 
 
 def _temperature(distill) -> str:
