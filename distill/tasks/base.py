@@ -342,6 +342,13 @@ def headline_metrics(metrics: dict) -> list[str]:
     return [key for key in metrics if any(key == name or key.startswith(f"{name}_") for name in names)]
 
 
+def markdown_table(first: str, models: list[str], rows: list[tuple[str, list[str]]]) -> list[str]:
+    """The lines of a Markdown table for a report section: a column ``first`` and one per model, then each row's label
+    and its cells (already formatted, one per model)."""
+    return (["| " + " | ".join([first, *models]) + " |", "|---|" + "---|" * len(models)]
+            + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows])
+
+
 def summary_metrics(metrics: dict) -> list[str]:
     """The columns of the seeds summary: :func:`headline_metrics`, then the keys of these dev metrics that a
     registered type names in :attr:`TaskType.summary_metrics` (NER's F1 on entities unseen in training), in the

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DataCollatorWithPadding
 
-from distill.tasks.base import DataError, TaskSpec, TaskType, register_task, register_task_type
+from distill.tasks.base import DataError, TaskSpec, TaskType, markdown_table, register_task, register_task_type
 from distill.tasks.files import DEV_SPLITS, read_table, require_columns
 from distill.tasks.sequence_classification import tokenize_texts
 
@@ -341,10 +341,9 @@ class MultiLabelClassification(TaskType):
         models = list(metrics)
         thresholds = ", ".join(f"{model} {metrics[model].get('threshold', float('nan')):.2f}" for model in models)
         lines = [f"Per-label F1 on dev, each model at its own threshold, chosen on dev for the best micro F1 "
-                 f"({thresholds}):", "", "| label | " + " | ".join(models) + " |",
-                 "|---|" + "---|" * len(models)]
-        lines += [f"| {name} | " + " | ".join(f"{metrics[m][f'f1/{name}']:.3f}" for m in models) + " |"
-                  for name in rows]
+                 f"({thresholds}):", ""]
+        lines += markdown_table("label", models, [(name, [f"{metrics[m][f'f1/{name}']:.3f}" for m in models])
+                                                  for name in rows])
         return ["\n".join(lines)]
 
 

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+from distill.tasks.base import (DataError, TaskSpec, TaskType, markdown_table, pad_rows, register_task,
+                                register_task_type)
 from distill.tasks.files import read_table, require_columns
 from distill.tasks.words import only_tags, split_words
 
@@ -683,10 +684,9 @@ class TokenClassification(TaskType):
                  "mode: an I- tag may open an entity); strict IOB2 opens entities at B- only; surface forms count "
                  "each unique (string, type) once, as WNUT-17's second metric"
                  + ("; seen/unseen: whether the mention's string (case-folded) is an entity in the training data."
-                    if unseen else "."), "", "| entities | " + " | ".join(models) + " |",
-                 "|---|" + "---|" * len(models)]
-        lines += [f"| {label} | " + " | ".join(f"{metrics[m].get(key, float('nan')):.4f}" for m in models) + " |"
-                  for label, key in parts]
+                    if unseen else "."), ""]
+        lines += markdown_table("entities", models, [
+            (label, [f"{metrics[m].get(key, float('nan')):.4f}" for m in models]) for label, key in parts])
         return ["\n".join(lines)]
 
     def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
