@@ -244,6 +244,9 @@ class AugmentConfig:
 INITS = ("random", "teacher_embeddings", "teacher", "pruned")
 
 
+STAGE_SHAPE = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
+
+
 @dataclass
 class PruningConfig:
     """How a student with ``init: pruned`` is cut from the fine-tuned teacher (:mod:`students.pruning`)."""
@@ -255,9 +258,17 @@ class PruningConfig:
     # what ranks the units: "activation" (magnitudes, Minitron) or "taylor" (|a * dL/da| on the teacher's own loss on
     # the gold labels, Molchanov et al., 2019)
     importance: str = "activation"
+    # pruning in stages (Minitron's iterative pruning, Muralidharan et al., 2024, §4): the shapes, largest first, that
+    # the teacher is pruned and distilled to before the student's own shape, each a preset name or a mapping of
+    # num_hidden_layers, hidden_size, intermediate_size, num_attention_heads (e.g. [tinybert-6l-768] before
+    # tinybert-4l-312); each stage prunes the one before it and is distilled from the teacher. [] prunes in one shot.
+    stages: list[str | dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(self.num_examples > 0, "num_examples", f"must be > 0, got {self.num_examples}")
+        for stage in self.stages:
+            _check(isinstance(stage, str) or (isinstance(stage, dict) and stage and set(stage) <= set(STAGE_SHAPE)),
+                   "stages", f"each stage is a preset name or a mapping of {', '.join(STAGE_SHAPE)}; got {stage!r}")
         _check(self.importance in ("activation", "taylor"), "importance",
                f"must be activation or taylor, got {self.importance!r}")
         _check(self.layers in ("layer_map", "importance"), "layers",
@@ -748,7 +759,8 @@ def _get(data: dict, dotted: str) -> Any:
 # old-behaviour value (max_train_examples_cpu: task's and teacher's, None for both).
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
-                  "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}, "options": {}}
+                  "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}, "options": {},
+                  "stages": []}
 
 
 def _added_default(key: Any, value: Any) -> bool:
@@ -759,8 +771,9 @@ def _added_default(key: Any, value: Any) -> bool:
 
 
 def _without_added_defaults(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_added_defaults(v) for k, v in value.items() if not _added_default(k, v)}
+    if isinstance(value, dict):  # inside out: a section whose only new field is at its default is the old section
+        cleaned = {k: _without_added_defaults(v) for k, v in value.items()}
+        return {k: v for k, v in cleaned.items() if not _added_default(k, v)}
     if isinstance(value, (list, tuple)):
         return [_without_added_defaults(v) for v in value]
     return value

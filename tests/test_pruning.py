@@ -241,3 +241,69 @@ def test_taylor_scores_follow_the_loss_where_magnitudes_do_not():
     assert not any(p.requires_grad for p in teacher.parameters())  # left frozen
     with pytest.raises(ValueError, match="needs the batches' labels"):
         compute_importance(teacher, _batches(), criterion="taylor")
+
+
+def test_pruning_in_stages_distils_each_stage_and_follows_the_teacher_through_them(tmp_path, tiny_tokenizer, caplog):
+    """student.pruning.stages: the teacher pruned to the stage's shape and distilled, that student pruned to the
+    student's shape and distilled again. The final plan's layers and channels are the teacher's, composed through the
+    stage's; W starts as the stage's learnt W restricted to the kept channels (loaded by the intermediate step); the
+    report times the stages; the dry run's run ids are the run's (every stage reused)."""
+    import logging
+
+    from distill.job.pipeline import plan_pipeline
+
+    teacher = tiny_bert(seed=0, num_hidden_layers=4)
+    data = write_glue_folder(tmp_path, "sst2")
+    student = {"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 4,
+               "init": "pruned", "pruning": {"num_examples": 6, "stages": [
+                   {"num_hidden_layers": 3, "hidden_size": 24, "intermediate_size": 48, "num_attention_heads": 4}]}}
+    config = tiny_job(tmp_path, teacher, tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                      student=student, distill={"layer_map": "uniform"})
+    with caplog.at_level(logging.INFO):
+        assert run_distill.main(["pipeline", "--config", config]) == 0
+    out, stage = tmp_path / "run", tmp_path / "run" / "pruning" / "stage-1"
+    assert AutoConfig.from_pretrained(stage / "student").hidden_size == 24
+    first = json.loads((stage / "pruned" / "pruning.json").read_text())
+    assert "teacher_layers" not in first and len(first["residual"]) == 24  # pruned from the teacher itself
+    final = json.loads((out / "pruned" / "pruning.json").read_text())
+    assert final["teacher_layers"] == [first["layers"][layer - 1] for layer in final["layers"]]
+    assert final["teacher_residual"] == [first["residual"][channel] for channel in final["residual"]]
+    assert kept_channels(out / "pruned") == final["teacher_residual"]
+    assert json.loads((out / "pruned" / "stage.json").read_text())["layer_map"] == final["teacher_layers"]
+    assert json.loads((out / "student_intermediate" / "stage.json").read_text())["layer_map"] == [
+        0, *final["teacher_layers"]]
+    learnt, started = load_file(stage / "student_intermediate" / "projections.safetensors"), load_file(
+        out / "pruned" / "projections.safetensors")
+    for name in ("hidden.weight", "embedding.weight"):
+        torch.testing.assert_close(started[name], learnt[name][:, final["residual"]], rtol=0, atol=0)
+    assert f"projections loaded from {out / 'pruned' / 'projections.safetensors'}" in caplog.text
+    report = (out / "report.md").read_text()
+    assert "pruning in stages (each pruned and distilled)" in report
+    assert ("pruned in stages (first to layers 3, hidden 24, FFN 48, heads 4, each stage pruned from the one before"
+            in (out / "student" / "README.md").read_text())
+    rows = {row["stage"]: row for row in plan_pipeline(load_config(config))}
+    assert [rows[f"pruning stage 1: {name}"]["action"] for name in ("pruned", "student_intermediate", "student")] == \
+        ["reuse"] * 3
+    assert rows["pruned"]["action"] == rows["student"]["action"] == "reuse"
+    assert rows["pruned"]["run_id"] == json.loads((out / "pruned" / "stage.json").read_text())["run_id"]
+
+
+def test_preflight_refuses_a_pruning_stage_the_stage_before_cannot_reach(tmp_path, tiny_tokenizer):
+    from distill.job.preflight import preflight
+
+    data = write_glue_folder(tmp_path, "sst2")
+    stage = {"num_hidden_layers": 2, "hidden_size": 24, "intermediate_size": 48, "num_attention_heads": 4}
+    config = tiny_job(tmp_path, tiny_bert(seed=0), tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                      student={"init": "pruned", "hidden_size": 16, "num_attention_heads": 4,
+                               "pruning": {"stages": [stage]}})
+    preflight(load_config(config))  # 32 -> 24 -> 16 wide
+    with pytest.raises(ConfigError, match=r"the student \(pruned from the stage before\): student.intermediate_size "
+                                          r"64 is larger than the teacher's \(48\)"):
+        preflight(load_config(config, {"student.intermediate_size": 64}))
+    with pytest.raises(ConfigError, match=r"student.pruning.stages\[0\] \(pruned from the teacher\): "
+                                          r"student.num_hidden_layers 3"):
+        preflight(load_config(config, {"student.pruning.stages": [dict(stage, num_hidden_layers=3)]}))
+    with pytest.raises(ConfigError, match="a layer map that lists teacher layers cannot be followed"):
+        preflight(load_config(config, {"distill.layer_map": [1, 2]}))
+    with pytest.raises(ConfigError, match="student.pruning.stages: each stage is a preset name or a mapping"):
+        load_config(config, {"student.pruning.stages": [{"layers": 2}]})

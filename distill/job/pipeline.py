@@ -76,7 +76,7 @@ from distill.job.general import (
 from distill.method.layer_map import build_layer_map
 from distill.method.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.job.preflight import preflight
-from distill.job.pruned import init_projections, kept_channels, pruned_stage
+from distill.job.pruned import init_projections, kept_channels, pruned_stage, stage_config, stage_shapes, stage_source
 from distill.job.processes import (failure_marked, is_main_process, on_main, recorded, several_processes,
                                    wait_for)
 from distill.publish.report import (
@@ -559,7 +559,20 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     columns = [*spec.text_columns, "label"]
     train_set = tokenize(train_data.select_columns(columns), tokenizer, spec, config.task.max_seq_length)
     general = general_stage(config, student_dir, device=device)
-    pruned = pruned_stage(config, spec, data, teacher_record, out, student_dir / "pruned", device=device)
+    source = None
+    if config.student.init == "pruned" and config.student.model is None:  # pruning in stages: each distilled in turn
+        for number, shape in enumerate(stage_shapes(config.student, load_model_config(str(out / "teacher"))), 1):
+            stage_dir, stage = student_dir / "pruning" / f"stage-{number}", stage_config(config, shape)
+            pruned = pruned_stage(stage, spec, data, teacher_record, out, stage_dir / "pruned", device=device,
+                                  source=source)
+            step1 = intermediate_step(stage, spec, teacher_record, train_set, data_run_id, pruned, out,
+                                      stage_dir / "student_intermediate", device=device)
+            record = prediction_step(stage, spec, data, teacher_record, train_set, data_run_id, step1, out,
+                                     stage_dir / "student", device=device)
+            logger.info("pruning stage %d (%s): dev %s", number, shape, record["dev"])
+            source = stage_source(stage_dir, pruned, record)
+    pruned = pruned_stage(config, spec, data, teacher_record, out, student_dir / "pruned", device=device,
+                          source=source)
     step1 = intermediate_step(config, spec, teacher_record, train_set, data_run_id,
                               pruned if pruned["folder"] else general, out, student_dir / "student_intermediate",
                               device=device)
@@ -618,6 +631,7 @@ def stages_used(config: PipelineConfig) -> list[str]:
     augment = ["mlm"] * mlm + ["augmented"] if config.augment.enabled else []
     cache = ["teacher_outputs"] if config.distill.teacher_cache is not None else []
     pruned = ["pruned"] if config.student.init == "pruned" and config.student.model is None else []
+    pruned = ["pruning"] * bool(pruned and config.student.pruning.stages) + pruned
     return ["teacher", *augment, "general", *pruned, *cache, "student_intermediate", "teacher_logits", "student"]
 
 
@@ -937,8 +951,27 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         general = general_config(config)
         general_id = general_run_id(general)[0]
         add("general", cache_folder(general, general_id), general_id)
+    logits_id = STAGES["teacher_logits"].run_id(config, {"teacher": teacher_id, "augmented": data_id})
     if config.student.init == "pruned" and config.student.model is None:
-        general_id = add("pruned", out / "pruned", STAGES["pruned"].run_id(config, {"teacher": teacher_id}))
+        source_id = None
+        teacher_config = _planned_teacher_config(config, out) if config.student.pruning.stages else None
+        if config.student.pruning.stages and teacher_config is None:
+            add("pruning", None, None, "the stages' shapes are read against the teacher's config, not readable yet")
+        for number, shape in enumerate(stage_shapes(config.student, teacher_config) if teacher_config else [], 1):
+            stage, where = stage_config(config, shape), out / "pruning" / f"stage-{number}"
+            pruned_id = STAGES["pruned"].run_id(stage, {"teacher": teacher_id})
+            pruned_id = add(f"pruning stage {number}: pruned", where / "pruned",
+                            pruned_id if source_id is None else fingerprint(pruned_id, source_id))
+            if stage.distill.teacher_cache is not None:
+                add(f"pruning stage {number}: teacher_outputs", where / "teacher_outputs", None)
+                rows[-1]["note"] = "its run id follows the layers this stage's pruning keeps"
+            step_id = add(f"pruning stage {number}: student_intermediate", where / "student_intermediate",
+                          STAGES["student_intermediate"].run_id(
+                              stage, {"teacher": teacher_id, "augmented": data_id, "general": pruned_id}))
+            source_id = add(f"pruning stage {number}: student", where / "student", STAGES["student"].run_id(
+                stage, {"student_intermediate": step_id, "teacher_logits": logits_id}))
+        pruned_id = STAGES["pruned"].run_id(config, {"teacher": teacher_id})
+        general_id = add("pruned", out / "pruned", pruned_id if source_id is None else fingerprint(pruned_id, source_id))
     if config.distill.teacher_cache is not None:
         cache_id = _planned_cache_id(config, out, teacher_id, data_id)
         add("teacher_outputs", out / "teacher_outputs", cache_id,
@@ -948,8 +981,7 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     if step1_id and rows[-1]["action"] == "reuse" and rows[-2]["stage"] == "teacher_outputs" \
             and rows[-2]["action"] != "reuse":
         rows[-2].update(action="skip", why="the intermediate step is finished; its teacher outputs are not needed")
-    logits_id = add("teacher_logits", out / "teacher_logits",
-                    STAGES["teacher_logits"].run_id(config, {"teacher": teacher_id, "augmented": data_id}))
+    add("teacher_logits", out / "teacher_logits", logits_id)
     add("student", out / "student", STAGES["student"].run_id(
         config, {"student_intermediate": step1_id, "teacher_logits": logits_id}))
     if rows[-1]["action"] == "reuse" and rows[-2]["action"] != "reuse":  # only the prediction step reads the cache
@@ -957,6 +989,17 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     add("report", None, None)
     add("export", None, None, None if config.export.onnx else "export.onnx is false")
     return rows
+
+
+def _planned_teacher_config(config: PipelineConfig, out: Path):
+    """The teacher's config as the run will read it (the fine-tuned one in ``out/teacher``, else the configured
+    model), or None when it cannot be read yet (a hub teacher offline)."""
+    teacher = out / "teacher"
+    try:
+        return load_model_config(str(teacher) if (teacher / "config.json").is_file()
+                                 else config.teacher.model or config.teacher.base_model)
+    except (OSError, ValueError):  # ModelError is a ValueError
+        return None
 
 
 def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_id: str) -> str | None:
@@ -1029,9 +1072,10 @@ def _preview_row(row: dict, spec: TaskSpec, width: int = 60) -> str:
 
 def plan_markdown(rows: list[dict]) -> str:
     """:func:`plan_pipeline`'s rows as a plain-text table, one stage a line."""
-    lines = [f"{'stage':<22}{'action':<9}{'run id':<18}folder"]
+    width = max(22, *(len(row["stage"]) + 2 for row in rows))
+    lines = [f"{'stage':<{width}}{'action':<9}{'run id':<18}folder"]
     for row in rows:
         where = row.get("why") and f"({row['why']})" or row["folder"] or ""
         note = f" ({row['note']})" if row.get("note") else ""
-        lines.append(f"{row['stage']:<22}{row['action']:<9}{row['run_id'] or '-':<18}{where}{note}")
+        lines.append(f"{row['stage']:<{width}}{row['action']:<9}{row['run_id'] or '-':<18}{where}{note}")
     return "\n".join(lines)

@@ -219,7 +219,23 @@ def check_pruned(config: PipelineConfig, teacher: PretrainedConfig, shape: dict,
     if config.general.enabled:
         raise ConfigError("student.init: 'pruned' starts the student from the pruned teacher, and general.enabled "
                           "would start it from a general-distilled one; set general.enabled: false")
+    from distill.job.pruned import stage_shapes
+    from students.build import student_config
+
     try:
-        check_reachable(shape, teacher)
-    except PruningError as error:
-        raise ConfigError(str(error)) from None
+        stages = stage_shapes(config.student, teacher)
+    except ValueError as error:
+        raise ConfigError(f"student.pruning.stages: {error}") from None
+    if stages and not isinstance(config.distill.layer_map, str):
+        raise ConfigError("student.pruning.stages: each stage keeps layers of the stage before it, so a layer map "
+                          "that lists teacher layers cannot be followed; set distill.layer_map to a rule (uniform) "
+                          "or student.pruning.layers: importance")
+    pruned_from = teacher
+    for number, stage in enumerate([*stages, shape], 1):
+        where = f"student.pruning.stages[{number - 1}]" if number <= len(stages) else "the student"
+        try:
+            check_reachable(stage, pruned_from)
+        except PruningError as error:
+            raise ConfigError(f"{where} (pruned from {'the teacher' if number == 1 else 'the stage before'}): "
+                              f"{error}" if stages else str(error)) from None
+        pruned_from = student_config(teacher, stage, init="teacher")

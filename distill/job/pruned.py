@@ -10,6 +10,7 @@ dev metrics before distillation. Its run id covers the teacher, the task data, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -19,6 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import DataCollatorWithPadding
 
+from distill.config import STAGE_SHAPE, fingerprint
+from distill.job.general import PROJECTIONS_FILE
 from distill.method.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started
 from distill.tasks.base import TaskSpec
 from distill.tasks.data import collator, tokenize
@@ -56,10 +59,54 @@ def calibration_batches(train_data, tokenizer, spec: TaskSpec, max_seq_length: i
             for start in range(0, len(order), batch_size)]
 
 
+def stage_shapes(student, teacher_config) -> list[dict]:
+    """The shapes of ``student.pruning.stages`` (:class:`distill.config.PruningConfig`), each a full shape dict as
+    :func:`students.student_shape` gives (a preset name read as the preset, relative ones against ``teacher_config``;
+    a mapping over the student's own fields).
+
+    Raises:
+        ValueError: an unknown preset, or a mapping that leaves a size unset with no preset to fill it.
+    """
+    shapes = []
+    for stage in student.pruning.stages:
+        fields = {"preset": stage} if isinstance(stage, str) else {"preset": None, **{k: int(v) for k, v in
+                                                                                       stage.items()}}
+        fields = {"model": None, "model_type": None, "embedding_size": None, "num_hidden_groups": None,
+                  **{key: None for key in STAGE_SHAPE}, **fields}
+        shapes.append(student_shape(dataclasses.replace(student, **fields), teacher_config))
+    return shapes
+
+
+def stage_config(config, shape: dict):
+    """The job's config for one stage of pruning in stages: the student of ``shape``, pruned in one shot from the
+    stage before it."""
+    pruning = dataclasses.replace(config.student.pruning, stages=[])
+    student = dataclasses.replace(config.student, preset=None, pruning=pruning,
+                                  **{key: shape[key] for key in STAGE_SHAPE})
+    return dataclasses.replace(config, student=student)
+
+
+def stage_source(stage_dir: Path, pruned: dict, record: dict) -> dict:
+    """What the next stage prunes: the distilled student of one stage in ``stage_dir`` (``pruned``: its pruned
+    stage's result; ``record``: its prediction step's record), with the teacher layers and channels it stands for."""
+    plan = json.loads((Path(pruned["folder"]) / PLAN_FILE).read_text(encoding="utf-8"))
+    return {"folder": str(stage_dir / "student"), "run_id": record["run_id"],
+            "layers": plan.get("teacher_layers", plan["layers"]),
+            "residual": plan.get("teacher_residual", plan["residual"]),
+            "projections": str(stage_dir / "student_intermediate" / PROJECTIONS_FILE)}
+
+
 def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, folder: Path, *,
-                 device: torch.device) -> dict:
-    """Prune the fine-tuned teacher in ``out/teacher`` to the student's shape into ``folder`` (skipped unless
-    ``student.init`` is "pruned" and no ``student.model`` is given).
+                 device: torch.device, source: dict | None = None) -> dict:
+    """Prune the fine-tuned teacher in ``out/teacher`` (or ``source``, the distilled student of the stage before,
+    when pruning in stages) to the student's shape into ``folder`` (skipped unless ``student.init`` is "pruned" and no
+    ``student.model`` is given).
+
+    Args:
+        source: {"folder", "run_id", "layers", "residual", "projections"} (:func:`stage_source`): the model pruned,
+            the teacher layers (1-based) and residual channels it stands for, and its learnt projections W
+            (h_source -> h_T); None prunes the teacher. The plan's layers and channels are then the teacher's
+            (composed through the source's), and W starts as the source's W restricted to the kept channels.
 
     Returns:
         {"run_id", "folder", "layer_map"}: the pruned student's folder and the teacher layers it kept (the
@@ -72,19 +119,23 @@ def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, 
         return dict(NONE)
     spec_stage = STAGES["pruned"]
     run_id = spec_stage.run_id(config, {"teacher": teacher_record["run_id"]})
+    if source is not None:  # what it prunes is the stage before's student, made from the same teacher and data
+        run_id = fingerprint(run_id, source["run_id"])
     view = spec_stage.view(config)
     if finished_or_superseded(folder, run_id) is None:
-        logger.info("=== stage: pruned student (teacher pruned to the student's shape) -> %s", folder)
-    record = on_main(folder, run_id, lambda: _prune(view, spec, data, out, folder, run_id, device))
+        what = "teacher" if source is None else f"student of the stage before ({source['folder']})"
+        logger.info("=== stage: pruned student (%s pruned to the student's shape) -> %s", what, folder)
+    record = on_main(folder, run_id, lambda: _prune(view, spec, data, out, folder, run_id, device, source))
     return {"run_id": run_id, "folder": str(folder), "layer_map": record["layer_map"]}
 
 
-def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, device: torch.device) -> None:
+def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, device: torch.device,
+           source: dict | None = None) -> None:
     if finished_or_superseded(folder, run_id) is not None:
         return
     mark_stage_started(folder)
     tokenizer = load_tokenizer(str(out / "teacher"))
-    teacher = load_teacher(str(out / "teacher"), spec)
+    teacher = load_teacher(str(out / "teacher") if source is None else source["folder"], spec)
     pruning = config.student.pruning
     shape = student_shape(config.student, teacher.config)
     path = folder / IMPORTANCE_FILE
@@ -107,10 +158,19 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
     student = prune_model(teacher, plan, student_config(teacher.config, shape, init="teacher"))
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    (folder / PLAN_FILE).write_text(json.dumps(plan.to_dict()), encoding="utf-8")
+    saved = plan.to_dict()
+    if source is not None:  # the plan indexes the source's units; the distillation reads the teacher's
+        saved["teacher_layers"] = [source["layers"][layer - 1] for layer in plan.layers]
+        saved["teacher_residual"] = [source["residual"][channel] for channel in plan.residual]
+        if Path(source["projections"]).is_file():  # W (h_T x h_source) -> its columns of the kept channels
+            kept = torch.as_tensor(plan.residual)
+            save_file({name: (value[:, kept] if name.endswith("weight") else value).contiguous()
+                       for name, value in load_file(source["projections"]).items()}, str(folder / PROJECTIONS_FILE))
+    (folder / PLAN_FILE).write_text(json.dumps(saved), encoding="utf-8")
+    layer_map = saved.get("teacher_layers", plan.layers)
     metrics = evaluate_task(student.to(device), data, tokenizer, spec, config.task.max_seq_length, device=device)
-    logger.info("pruned student (before distillation): layers %s, %s, dev %s", plan.layers, shape, metrics)
-    mark_stage_done(folder, run_id, {"layer_map": plan.layers, "shape": shape, "dev": metrics,
+    logger.info("pruned student (before distillation): layers %s, %s, dev %s", layer_map, shape, metrics)
+    mark_stage_done(folder, run_id, {"layer_map": layer_map, "shape": shape, "dev": metrics,
                                      "num_examples": importance.num_examples, "layers": pruning.layers,
                                      "importance": pruning.importance,
                                      "device": str(device)})
@@ -119,7 +179,10 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
 def kept_channels(folder: str | Path) -> list[int] | None:
     """The teacher's residual channels a pruned student in ``folder`` kept (ascending), or None for another start."""
     path = Path(folder) / PLAN_FILE
-    return json.loads(path.read_text(encoding="utf-8"))["residual"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    return plan.get("teacher_residual", plan["residual"])  # pruned in stages: the teacher's, through the stages
 
 
 @torch.no_grad()

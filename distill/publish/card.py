@@ -51,6 +51,15 @@ def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
             "pruned": "pruned from the fine-tuned teacher"}[student.init]
 
 
+def _stage_words(stage: str | dict) -> str:
+    """One shape of ``student.pruning.stages`` in words: a preset's name, or its sizes."""
+    if isinstance(stage, str):
+        return stage
+    names = {"num_hidden_layers": "layers", "hidden_size": "hidden", "intermediate_size": "FFN",
+             "num_attention_heads": "heads"}
+    return ", ".join(f"{word} {stage[key]}" for key, word in names.items() if key in stage)
+
+
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
                  step2: dict | None = None, num_unlabelled: int = 0, num_augmented: int | None = None,
                  temperature: bool = True) -> list[str]:
@@ -82,7 +91,11 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
              f"{config.distill.layer_map})" if copied else describe_init(config.student, config.distill.layer_map))
     if pruned := step1.get("pruned"):
         before = ", ".join(f"{k} {pruned['dev'][k]:.4f}" for k in headline_metrics(pruned.get("dev") or {}))
-        start = (f"the fine-tuned teacher pruned to the student's shape: its layers {pruned['layer_map']} ("
+        stages = "; ".join(_stage_words(stage) for stage in config.student.pruning.stages)
+        start = ("the fine-tuned teacher pruned " + (f"in stages (first to {stages}, each stage pruned from the one "
+                                                    "before and distilled from the teacher like the student), then "
+                                                    if stages else "")
+                 + f"to the student's shape: the teacher's layers {pruned['layer_map']} ("
                  + ("the layers that change their input most" if pruned.get("layers") == "importance"
                     else f"distill.layer_map {config.distill.layer_map}")
                  + "), in each the residual channels, head dimensions and FFN neurons of highest "

@@ -152,7 +152,7 @@ def chance_note(role: str, dev: dict, chance: dict | None) -> str | None:
 
 # Stage folders of a pipeline output folder, in the order they run, with the names the report gives them.
 STAGE_NAMES = {"teacher": "teacher", "mlm": "masked LM", "augmented": "augmentation", "general": "general distillation",
-               "pruned": "pruning", "teacher_outputs": "teacher outputs (cached)", "student_intermediate": "intermediate step", "teacher_logits": "teacher logits",
+               "pruning": "pruning in stages (each pruned and distilled)", "pruned": "pruning", "teacher_outputs": "teacher outputs (cached)", "student_intermediate": "intermediate step", "teacher_logits": "teacher logits",
                "student": "prediction step"}
 
 
@@ -178,6 +178,13 @@ def stage_seconds(output_dir: Path, stages: list[str]) -> dict[str, dict]:
         raise ValueError(f"not stage folders: {sorted(unknown)}; known: {list(STAGE_NAMES)}")
     found = {}
     for folder in (name for name in STAGE_NAMES if name in stages):
+        if folder == "pruning":  # the stages before the student's own pruning, each with its three steps
+            records = [json.loads(p.read_text(encoding="utf-8")) for p in
+                       sorted(Path(output_dir).glob("pruning/stage-*/*/stage.json"))]
+            if records and all(r.get("seconds") is not None for r in records):
+                found[folder] = {"seconds": sum(float(r["seconds"]) for r in records),
+                                 "resumed": any(r.get("resumed", False) for r in records)}
+            continue
         path = Path(output_dir) / ("general.json" if folder == "general" else f"{folder}/stage.json")
         record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         if record.get("seconds") is not None:
