@@ -267,8 +267,9 @@ class PruningConfig:
     def __post_init__(self) -> None:
         _check(self.num_examples > 0, "num_examples", f"must be > 0, got {self.num_examples}")
         for stage in self.stages:
-            _check(isinstance(stage, str) or (isinstance(stage, dict) and stage and set(stage) <= set(STAGE_SHAPE)),
-                   "stages", f"each stage is a preset name or a mapping of {', '.join(STAGE_SHAPE)}; got {stage!r}")
+            _check(isinstance(stage, str) or (isinstance(stage, dict) and set(stage) == set(STAGE_SHAPE)),
+                   "stages", f"each stage is a preset name or a mapping of all of {', '.join(STAGE_SHAPE)}; got "
+                             f"{stage!r}")
         _check(self.importance in ("activation", "taylor"), "importance",
                f"must be activation or taylor, got {self.importance!r}")
         _check(self.layers in ("layer_map", "importance"), "layers",

@@ -244,48 +244,79 @@ def test_taylor_scores_follow_the_loss_where_magnitudes_do_not():
 
 
 def test_pruning_in_stages_distils_each_stage_and_follows_the_teacher_through_them(tmp_path, tiny_tokenizer, caplog):
-    """student.pruning.stages: the teacher pruned to the stage's shape and distilled, that student pruned to the
-    student's shape and distilled again. The final plan's layers and channels are the teacher's, composed through the
-    stage's; W starts as the stage's learnt W restricted to the kept channels (loaded by the intermediate step); the
-    report times the stages; the dry run's run ids are the run's (every stage reused)."""
+    """student.pruning.stages: the teacher pruned to the first stage's shape and distilled, that student pruned to
+    the second's and distilled, that one pruned to the student's shape and distilled again. Each plan's layers and
+    channels are the teacher's, composed through the stages before; W starts as the stage before's learnt W
+    restricted to the kept channels (loaded by the intermediate step); the report times the stages, the card names
+    them; the dry run's run ids are the run's (the teacher-output cache's too), every stage reused."""
     import logging
 
     from distill.job.pipeline import plan_pipeline
 
     teacher = tiny_bert(seed=0, num_hidden_layers=4)
     data = write_glue_folder(tmp_path, "sst2")
+    stages = [{"num_hidden_layers": 3, "hidden_size": 28, "intermediate_size": 56, "num_attention_heads": 4},
+              {"num_hidden_layers": 3, "hidden_size": 24, "intermediate_size": 48, "num_attention_heads": 4}]
     student = {"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 4,
-               "init": "pruned", "pruning": {"num_examples": 6, "stages": [
-                   {"num_hidden_layers": 3, "hidden_size": 24, "intermediate_size": 48, "num_attention_heads": 4}]}}
+               "init": "pruned", "pruning": {"num_examples": 6, "layers": "importance", "stages": stages}}
     config = tiny_job(tmp_path, teacher, tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
-                      student=student, distill={"layer_map": "uniform"})
+                      student=student, distill={"layer_map": "uniform", "teacher_cache": "float16"})
     with caplog.at_level(logging.INFO):
         assert run_distill.main(["pipeline", "--config", config]) == 0
-    out, stage = tmp_path / "run", tmp_path / "run" / "pruning" / "stage-1"
-    assert AutoConfig.from_pretrained(stage / "student").hidden_size == 24
-    first = json.loads((stage / "pruned" / "pruning.json").read_text())
-    assert "teacher_layers" not in first and len(first["residual"]) == 24  # pruned from the teacher itself
-    final = json.loads((out / "pruned" / "pruning.json").read_text())
-    assert final["teacher_layers"] == [first["layers"][layer - 1] for layer in final["layers"]]
-    assert final["teacher_residual"] == [first["residual"][channel] for channel in final["residual"]]
-    assert kept_channels(out / "pruned") == final["teacher_residual"]
-    assert json.loads((out / "pruned" / "stage.json").read_text())["layer_map"] == final["teacher_layers"]
+    out = tmp_path / "run"
+    plans = [json.loads((folder / "pruning.json").read_text()) for folder in (
+        out / "pruning" / "stage-1" / "pruned", out / "pruning" / "stage-2" / "pruned", out / "pruned")]
+    assert "teacher_layers" not in plans[0] and len(plans[0]["residual"]) == 28  # pruned from the teacher itself
+    assert AutoConfig.from_pretrained(out / "pruning" / "stage-2" / "student").hidden_size == 24
+    for before, plan in zip(plans, plans[1:]):
+        layers, residual = before.get("teacher_layers", before["layers"]), before.get("teacher_residual",
+                                                                                       before["residual"])
+        assert plan["teacher_layers"] == [layers[layer - 1] for layer in plan["layers"]]
+        assert plan["teacher_residual"] == [residual[channel] for channel in plan["residual"]]
+    for number, folder in ((1, out / "pruning" / "stage-2" / "pruned"), (2, out / "pruned")):
+        learnt = load_file(out / "pruning" / f"stage-{number}" / "student_intermediate" / "projections.safetensors")
+        started = load_file(folder / "projections.safetensors")
+        kept = json.loads((folder / "pruning.json").read_text())["residual"]
+        for name in ("hidden.weight", "embedding.weight"):
+            torch.testing.assert_close(started[name], learnt[name][:, kept], rtol=0, atol=0)
+        torch.testing.assert_close(started["hidden.bias"], learnt["hidden.bias"], rtol=0, atol=0)
+        assert f"projections loaded from {folder / 'projections.safetensors'}" in caplog.text
+    assert kept_channels(out / "pruned") == plans[2]["teacher_residual"]
+    assert json.loads((out / "pruned" / "stage.json").read_text())["layer_map"] == plans[2]["teacher_layers"]
     assert json.loads((out / "student_intermediate" / "stage.json").read_text())["layer_map"] == [
-        0, *final["teacher_layers"]]
-    learnt, started = load_file(stage / "student_intermediate" / "projections.safetensors"), load_file(
-        out / "pruned" / "projections.safetensors")
-    for name in ("hidden.weight", "embedding.weight"):
-        torch.testing.assert_close(started[name], learnt[name][:, final["residual"]], rtol=0, atol=0)
-    assert f"projections loaded from {out / 'pruned' / 'projections.safetensors'}" in caplog.text
-    report = (out / "report.md").read_text()
-    assert "pruning in stages (each pruned and distilled)" in report
-    assert ("pruned in stages (first to layers 3, hidden 24, FFN 48, heads 4, each stage pruned from the one before"
-            in (out / "student" / "README.md").read_text())
+        0, *plans[2]["teacher_layers"]]
+    assert "pruning in stages (each pruned and distilled)" in (out / "report.md").read_text()
+    assert ("pruned in stages (first to layers 3, hidden 28, FFN 56, heads 4; layers 3, hidden 24, FFN 48, heads 4, "
+            "each stage pruned from the one before" in (out / "student" / "README.md").read_text())
     rows = {row["stage"]: row for row in plan_pipeline(load_config(config))}
-    assert [rows[f"pruning stage 1: {name}"]["action"] for name in ("pruned", "student_intermediate", "student")] == \
-        ["reuse"] * 3
-    assert rows["pruned"]["action"] == rows["student"]["action"] == "reuse"
-    assert rows["pruned"]["run_id"] == json.loads((out / "pruned" / "stage.json").read_text())["run_id"]
+    assert {rows[f"pruning stage {number}: {name}"]["action"] for number in (1, 2)
+            for name in ("pruned", "student_intermediate", "student")} == {"reuse"}
+    for stage in ("pruned", "teacher_outputs", "student_intermediate", "student"):
+        assert rows[stage]["action"] == "reuse", stage
+
+
+def test_a_changed_stage_prunes_again_and_an_interrupted_pruning_of_another_run_is_set_aside(tmp_path, tiny_tokenizer):
+    """A stage given as a relative preset (teacher-half) is read against the teacher, and so is the student's
+    shape; an interrupted pruning folder (importance measured, no stage.json) of another run is moved aside, not
+    read, when the stage changes."""
+    teacher = tiny_bert(seed=0, num_hidden_layers=4)
+    data = write_glue_folder(tmp_path, "sst2")
+    student = {"preset": "teacher-half", "num_hidden_layers": None, "hidden_size": 16, "intermediate_size": 32,
+               "num_attention_heads": 4, "init": "pruned",
+               "pruning": {"num_examples": 6, "stages": ["teacher-half"]}}
+    config = tiny_job(tmp_path, teacher, tiny_tokenizer, task={"name": "sst2", "data_dir": str(data)},
+                      student=student)
+    assert run_distill.main(["pipeline", "--config", config]) == 0
+    out = tmp_path / "run"
+    assert AutoConfig.from_pretrained(out / "pruning" / "stage-1" / "student").num_hidden_layers == 2
+    assert AutoConfig.from_pretrained(out / "student").num_hidden_layers == 2  # the teacher's half, not the stage's
+    (out / "pruned" / "stage.json").unlink()  # as if killed after measuring the importance
+    stage = {"num_hidden_layers": 3, "hidden_size": 24, "intermediate_size": 48, "num_attention_heads": 4}
+    assert run_distill.main(["pipeline", "--config", config, "--set",
+                             f"student.pruning.stages=[{json.dumps(stage)}]"]) == 0
+    assert AutoConfig.from_pretrained(out / "pruning" / "stage-1" / "student").hidden_size == 24
+    assert len(load_file(out / "pruned" / IMPORTANCE_FILE)["residual"][0]) == 24  # measured on the new stage
+    assert list((out / "superseded").glob("pruned-*"))
 
 
 def test_preflight_refuses_a_pruning_stage_the_stage_before_cannot_reach(tmp_path, tiny_tokenizer):
@@ -297,13 +328,17 @@ def test_preflight_refuses_a_pruning_stage_the_stage_before_cannot_reach(tmp_pat
                       student={"init": "pruned", "hidden_size": 16, "num_attention_heads": 4,
                                "pruning": {"stages": [stage]}})
     preflight(load_config(config))  # 32 -> 24 -> 16 wide
-    with pytest.raises(ConfigError, match=r"the student \(pruned from the stage before\): student.intermediate_size "
-                                          r"64 is larger than the teacher's \(48\)"):
+    with pytest.raises(ConfigError, match=r"^student.intermediate_size 64 is larger than the last stage's \(48\)"):
         preflight(load_config(config, {"student.intermediate_size": 64}))
-    with pytest.raises(ConfigError, match=r"student.pruning.stages\[0\] \(pruned from the teacher\): "
-                                          r"student.num_hidden_layers 3"):
+    with pytest.raises(ConfigError, match=r"^student.pruning.stages\[0\].num_hidden_layers 3 is larger than the "
+                                          r"teacher's \(2\)"):
         preflight(load_config(config, {"student.pruning.stages": [dict(stage, num_hidden_layers=3)]}))
+    with pytest.raises(ConfigError, match=r"^student.pruning.stages\[0\]: .*heads"):  # distilled from 4 heads
+        preflight(load_config(config, {"student.pruning.stages": [dict(stage, num_attention_heads=3)]}))
     with pytest.raises(ConfigError, match="a layer map that lists teacher layers cannot be followed"):
         preflight(load_config(config, {"distill.layer_map": [1, 2]}))
-    with pytest.raises(ConfigError, match="student.pruning.stages: each stage is a preset name or a mapping"):
-        load_config(config, {"student.pruning.stages": [{"layers": 2}]})
+    preflight(load_config(config, {"distill.layer_map": [1, 2], "student.pruning.layers": "importance"}))
+    with pytest.raises(ConfigError, match="student.pruning.stages: stage 'albert-4l-312' is a albert shape"):
+        preflight(load_config(config, {"student.pruning.stages": ["albert-4l-312"]}))
+    with pytest.raises(ConfigError, match="student.pruning.stages: each stage is a preset name or a mapping of all"):
+        load_config(config, {"student.pruning.stages": [{"hidden_size": 24}]})

@@ -674,7 +674,8 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
             entries[name]["latency_ms"] = {**entries[name].get("latency_ms", {}), **values.pop("latency_ms")}
             entries[name].update(values)
     report = build_report(entries, config.report, accelerator=accelerator,
-                          stages=stage_seconds(out, stages_used(config)), chance=chance, run=run, timed=timed,
+                          stages=stage_seconds(out, stages_used(config), len(config.student.pruning.stages)),
+                          chance=chance, run=run, timed=timed,
                           sections=spec.type.report_sections(spec, {name: e["dev"] for name, e in entries.items()}))
     if write:
         write_report(report, out)
@@ -921,7 +922,8 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     rows: list[dict] = []
 
     def add(stage: str, folder: Path | None, run_id: str | None, why: str | None = None) -> str | None:
-        action = "skip" if why else stage_status(folder, run_id) if folder is not None else "run"
+        action = ("skip" if why else "run" if folder is None else "unknown" if run_id is None
+                  else stage_status(folder, run_id))
         rows.append({"stage": stage, "folder": str(folder) if folder else None, "run_id": run_id, "action": action,
                      **({"why": why} if why else {})})
         return run_id
@@ -955,34 +957,35 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     if config.student.init == "pruned" and config.student.model is None:
         source_id = None
         teacher_config = _planned_teacher_config(config, out) if config.student.pruning.stages else None
-        if config.student.pruning.stages and teacher_config is None:
-            add("pruning", None, None, "the stages' shapes are read against the teacher's config, not readable yet")
         for number, shape in enumerate(stage_shapes(config.student, teacher_config) if teacher_config else [], 1):
             stage, where = stage_config(config, shape), out / "pruning" / f"stage-{number}"
             pruned_id = STAGES["pruned"].run_id(stage, {"teacher": teacher_id})
             pruned_id = add(f"pruning stage {number}: pruned", where / "pruned",
                             pruned_id if source_id is None else fingerprint(pruned_id, source_id))
-            if stage.distill.teacher_cache is not None:
-                add(f"pruning stage {number}: teacher_outputs", where / "teacher_outputs", None)
-                rows[-1]["note"] = "its run id follows the layers this stage's pruning keeps"
             step_id = add(f"pruning stage {number}: student_intermediate", where / "student_intermediate",
                           STAGES["student_intermediate"].run_id(
                               stage, {"teacher": teacher_id, "augmented": data_id, "general": pruned_id}))
+            if stage.distill.teacher_cache is not None:  # its run id follows the layers the stage's pruning keeps
+                rows[-1]["note"] = f"with its teacher-output cache in {where / 'teacher_outputs'}"
             source_id = add(f"pruning stage {number}: student", where / "student", STAGES["student"].run_id(
                 stage, {"student_intermediate": step_id, "teacher_logits": logits_id}))
         pruned_id = STAGES["pruned"].run_id(config, {"teacher": teacher_id})
-        general_id = add("pruned", out / "pruned", pruned_id if source_id is None else fingerprint(pruned_id, source_id))
+        general_id = add("pruned", out / "pruned", None if config.student.pruning.stages and teacher_config is None
+                         else pruned_id if source_id is None else fingerprint(pruned_id, source_id))
+        if general_id is None:
+            rows[-1]["note"] = "in stages, whose shapes are read against the teacher's config: not readable yet"
     if config.distill.teacher_cache is not None:
         cache_id = _planned_cache_id(config, out, teacher_id, data_id)
         add("teacher_outputs", out / "teacher_outputs", cache_id,
             None if cache_id else "no intermediate term, or the teacher's config cannot be read yet")
-    step1_id = add("student_intermediate", out / "student_intermediate", STAGES["student_intermediate"].run_id(
-        config, {"teacher": teacher_id, "augmented": data_id, "general": general_id}))
+    step1_id = add("student_intermediate", out / "student_intermediate", None if general_id is None else
+                   STAGES["student_intermediate"].run_id(
+                       config, {"teacher": teacher_id, "augmented": data_id, "general": general_id}))
     if step1_id and rows[-1]["action"] == "reuse" and rows[-2]["stage"] == "teacher_outputs" \
             and rows[-2]["action"] != "reuse":
         rows[-2].update(action="skip", why="the intermediate step is finished; its teacher outputs are not needed")
     add("teacher_logits", out / "teacher_logits", logits_id)
-    add("student", out / "student", STAGES["student"].run_id(
+    add("student", out / "student", None if step1_id is None else STAGES["student"].run_id(
         config, {"student_intermediate": step1_id, "teacher_logits": logits_id}))
     if rows[-1]["action"] == "reuse" and rows[-2]["action"] != "reuse":  # only the prediction step reads the cache
         rows[-2].update(action="skip", why="the student is finished; the teacher logits are not needed")
@@ -1016,8 +1019,9 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
     except (OSError, ValueError):  # ModelError is a ValueError
         return None
     layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)
-    if config.student.init == "pruned" and config.student.pruning.layers == "importance":
-        pruned = out / "pruned" / "stage.json"  # the layers the pruning stage chose, once it ran
+    if config.student.init == "pruned" and (config.student.pruning.layers == "importance"
+                                            or config.student.pruning.stages):
+        pruned = out / "pruned" / "stage.json"  # the layers the pruning stage chose (through its stages), once it ran
         if not pruned.is_file():
             return None
         layer_map = json.loads(pruned.read_text(encoding="utf-8"))["layer_map"]

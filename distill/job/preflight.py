@@ -226,16 +226,23 @@ def check_pruned(config: PipelineConfig, teacher: PretrainedConfig, shape: dict,
         stages = stage_shapes(config.student, teacher)
     except ValueError as error:
         raise ConfigError(f"student.pruning.stages: {error}") from None
-    if stages and not isinstance(config.distill.layer_map, str):
+    if stages and not isinstance(config.distill.layer_map, str) and config.student.pruning.layers == "layer_map":
         raise ConfigError("student.pruning.stages: each stage keeps layers of the stage before it, so a layer map "
                           "that lists teacher layers cannot be followed; set distill.layer_map to a rule (uniform) "
                           "or student.pruning.layers: importance")
     pruned_from = teacher
     for number, stage in enumerate([*stages, shape], 1):
-        where = f"student.pruning.stages[{number - 1}]" if number <= len(stages) else "the student"
+        field = f"student.pruning.stages[{number - 1}]." if number <= len(stages) else "student."
+        source = "the teacher's" if number == 1 else ("the last stage's" if number > len(stages) else
+                                                      "the stage before's")
         try:
             check_reachable(stage, pruned_from)
-        except PruningError as error:
-            raise ConfigError(f"{where} (pruned from {'the teacher' if number == 1 else 'the stage before'}): "
-                              f"{error}" if stages else str(error)) from None
+        except PruningError as error:  # the message names the fields of the shape pruned and what it is pruned from
+            raise ConfigError(str(error).replace("student.", field).replace("the teacher's", source)) from None
+        if number <= len(stages) and intermediate_terms(config.distill.weights):  # each stage learns from the teacher
+            try:
+                check_layer_wise(config, teacher, teacher.model_type, stage["num_hidden_layers"],
+                                 stage["num_attention_heads"], stage["hidden_size"])
+            except ConfigError as error:
+                raise ConfigError(f"student.pruning.stages[{number - 1}]: {error}") from None
         pruned_from = student_config(teacher, stage, init="teacher")

@@ -22,7 +22,8 @@ from transformers import DataCollatorWithPadding
 
 from distill.config import STAGE_SHAPE, fingerprint
 from distill.job.general import PROJECTIONS_FILE
-from distill.method.checkpoint import finished_or_superseded, mark_stage_done, mark_stage_started
+from distill.method.checkpoint import (finished_or_superseded, mark_stage_done, mark_stage_started,
+                                      write_json_atomic)
 from distill.tasks.base import TaskSpec
 from distill.tasks.data import collator, tokenize
 from distill.tasks.evaluate import evaluate_task
@@ -33,11 +34,13 @@ from students import student_shape
 from students.build import student_config
 from students.pruning import compute_importance, Importance, plan_pruning, prune_model, select_layers
 from teachers import load_teacher, load_tokenizer
+from teachers.models import load_config as load_model_config
 
 logger = logging.getLogger(__name__)
 
 IMPORTANCE_FILE = "importance.safetensors"
 PLAN_FILE = "pruning.json"
+RUN_FILE = "run.json"  # the run id of the pruning under way: an interrupted folder of another run is moved aside
 NONE = {"run_id": "none", "folder": None}
 CALIBRATION_SEED = 0
 
@@ -60,12 +63,12 @@ def calibration_batches(train_data, tokenizer, spec: TaskSpec, max_seq_length: i
 
 
 def stage_shapes(student, teacher_config) -> list[dict]:
-    """The shapes of ``student.pruning.stages`` (:class:`distill.config.PruningConfig`), each a full shape dict as
-    :func:`students.student_shape` gives (a preset name read as the preset, relative ones against ``teacher_config``;
-    a mapping over the student's own fields).
+    """The shapes of ``student.pruning.stages`` (:class:`distill.config.PruningConfig`), each a shape dict as
+    :func:`students.student_shape` gives: a preset name read as that preset (a relative one against
+    ``teacher_config``), a mapping as its four sizes; nothing of the student's own fields is read.
 
     Raises:
-        ValueError: an unknown preset, or a mapping that leaves a size unset with no preset to fill it.
+        ValueError: an unknown preset, or one of another family (a stage keeps the teacher's).
     """
     shapes = []
     for stage in student.pruning.stages:
@@ -73,7 +76,11 @@ def stage_shapes(student, teacher_config) -> list[dict]:
                                                                                        stage.items()}}
         fields = {"model": None, "model_type": None, "embedding_size": None, "num_hidden_groups": None,
                   **{key: None for key in STAGE_SHAPE}, **fields}
-        shapes.append(student_shape(dataclasses.replace(student, **fields), teacher_config))
+        shape = student_shape(dataclasses.replace(student, **fields), teacher_config)
+        if "model_type" in shape:
+            raise ValueError(f"stage {stage!r} is a {shape['model_type']} shape; a stage is pruned from the teacher "
+                             "and keeps its family: use a preset of plain sizes or a mapping of the four sizes")
+        shapes.append(shape)
     return shapes
 
 
@@ -134,10 +141,11 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
     if finished_or_superseded(folder, run_id) is not None:
         return
     mark_stage_started(folder)
+    write_json_atomic(folder / RUN_FILE, {"run_id": run_id})  # what an interrupted run's importance was measured for
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher") if source is None else source["folder"], spec)
     pruning = config.student.pruning
-    shape = student_shape(config.student, teacher.config)
+    shape = student_shape(config.student, load_model_config(str(out / "teacher")))  # relative presets: the teacher's
     path = folder / IMPORTANCE_FILE
     if path.is_file():  # computed by an earlier, interrupted run of this stage
         importance = Importance.from_tensors(load_file(path))
@@ -159,6 +167,7 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     saved = plan.to_dict()
+    (folder / PROJECTIONS_FILE).unlink(missing_ok=True)
     if source is not None:  # the plan indexes the source's units; the distillation reads the teacher's
         saved["teacher_layers"] = [source["layers"][layer - 1] for layer in plan.layers]
         saved["teacher_residual"] = [source["residual"][channel] for channel in plan.residual]

@@ -291,9 +291,11 @@ SUPERSEDED = "superseded"
 
 
 def folder_run_ids(directory: Path) -> set[str]:
-    """Run ids recorded in a stage folder: its ``stage.json``, its training checkpoints, its augmentation shards."""
+    """Run ids recorded in a stage folder: its ``stage.json``, its training checkpoints, its augmentation shards, the
+    ``run.json`` of a stage whose work in progress is files of its own (the pruning stage's importance)."""
     found = set()
-    markers = [directory / STAGE_FILE, *directory.glob("checkpoints/step-*/state.json"), directory / "shards" / "run.json"]
+    markers = [directory / STAGE_FILE, *directory.glob("checkpoints/step-*/state.json"), directory / "shards" / "run.json",
+               directory / "run.json"]
     for marker in markers:
         try:
             found.add(json.loads(marker.read_text(encoding="utf-8"))["run_id"])

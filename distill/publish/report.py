@@ -156,13 +156,15 @@ STAGE_NAMES = {"teacher": "teacher", "mlm": "masked LM", "augmented": "augmentat
                "student": "prediction step"}
 
 
-def stage_seconds(output_dir: Path, stages: list[str]) -> dict[str, dict]:
+def stage_seconds(output_dir: Path, stages: list[str], pruning_stages: int = 0) -> dict[str, dict]:
     """Wall time of each finished stage of a pipeline output folder, from the stages' records.
 
     Args:
         output_dir: the pipeline's output folder.
         stages: the stage folders this run used, in :data:`STAGE_NAMES` (a folder left from an earlier run with
             other settings, e.g. ``augmented/`` after augmentation was turned off, is not counted).
+        pruning_stages: how many stages of pruning in stages the run has (``pruning/stage-1`` ... ``stage-N``, summed
+            as "pruning"; a stage folder left from a run with more stages is not counted).
 
     Returns:
         {stage: {"seconds": wall seconds of the process that finished it, "resumed": whether that process resumed
@@ -179,9 +181,10 @@ def stage_seconds(output_dir: Path, stages: list[str]) -> dict[str, dict]:
     found = {}
     for folder in (name for name in STAGE_NAMES if name in stages):
         if folder == "pruning":  # the stages before the student's own pruning, each with its three steps
-            records = [json.loads(p.read_text(encoding="utf-8")) for p in
-                       sorted(Path(output_dir).glob("pruning/stage-*/*/stage.json"))]
-            if records and all(r.get("seconds") is not None for r in records):
+            paths = [Path(output_dir) / "pruning" / f"stage-{number}" / step / "stage.json"
+                     for number in range(1, pruning_stages + 1) for step in ("pruned", "student_intermediate", "student")]
+            records = [json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()]
+            if records and len(records) == len(paths) and all(r.get("seconds") is not None for r in records):
                 found[folder] = {"seconds": sum(float(r["seconds"]) for r in records),
                                  "resumed": any(r.get("resumed", False) for r in records)}
             continue
