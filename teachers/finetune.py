@@ -116,6 +116,7 @@ def finetune_teacher(
     train_examples = data["train"]
     if config.max_train_examples_cpu is not None and torch.device(device).type == "cpu":  # the CPU rule (for_device)
         train_examples = train_examples.select(range(min(config.max_train_examples_cpu, len(train_examples))))
+    spec.type.init_head(spec, model, train_examples)  # e.g. a multi-label head at its labels' training frequencies
     train_set = tokenize(train_examples, tokenizer, spec, task.max_seq_length)
     objective = ModelLossObjective(model)
     selection, scored = None, []  # scored: every dev evaluation's full metrics, in this process's order

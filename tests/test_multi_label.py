@@ -198,3 +198,32 @@ def test_augmented_copies_keep_every_label():
     copies = [row for row in rows if row["is_augmented"]]
     assert copies and all(row["text"] != TEXTS[row["source_index"]] for row in copies)
     assert all(row["label"] == labels[row["source_index"]] for row in rows)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_a_new_multi_label_head_starts_at_the_label_frequencies_of_the_training_set(family):
+    """The teacher's new head predicts each label's training frequency before its first step (prior bias), for
+    BERT's classifier and RoBERTa's classifier.out_proj alike; a label no example has starts low, not at -inf."""
+    import datasets
+    from transformers import AutoConfig
+
+    from tests.conftest import tiny_bert_config
+
+    spec = get_task("goemotions")
+    kind = get_task_type(KIND)
+    config = AutoConfig.for_model(family, **{k: v for k, v in tiny_bert_config().to_dict().items() if k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
+        max_position_embeddings=70, **kind.head_config(spec))
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config)
+    rows = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [[27], [0, 27], [27], [3, 0]]})
+    kind.init_head(spec, model, rows)
+    ids = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+    model.eval()
+    with torch.no_grad():  # the bias alone: zero the weights of the output layer to read it as a probability
+        output = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 28][-1]
+        output.weight.zero_()
+        probabilities = torch.sigmoid(model(**ids).logits[0])
+    expected = torch.full((28,), 1e-4)
+    expected[[27, 0, 3]] = torch.tensor([0.75, 0.5, 0.25])
+    torch.testing.assert_close(probabilities, expected, rtol=1e-4, atol=1e-6)

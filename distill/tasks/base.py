@@ -188,6 +188,10 @@ class TaskType:
         return {"num_labels": spec.num_labels, "id2label": labels,
                 "label2id": {name: i for i, name in labels.items()}}
 
+    def init_head(self, spec: TaskSpec, model, train_data) -> None:
+        """Start the new head of a teacher about to be fine-tuned, in place, from the training data (``train_data``:
+        the examples it is fine-tuned on, before tokenisation). This default leaves the head as drawn."""
+
     def uses_temperature(self, spec: TaskSpec) -> bool:
         """Whether the prediction loss reads ``distill.temperature`` (soft targets do; a regression MSE does not)."""
         return True

@@ -192,6 +192,20 @@ def _label_names(source: str, spec: TaskSpec) -> list[str]:
     return names
 
 
+def output_layer(model: torch.nn.Module, num_labels: int) -> torch.nn.Linear:
+    """The classifier's output layer: the last linear layer with one output per label (BERT's ``classifier``,
+    RoBERTa's ``classifier.out_proj``, DistilBERT's ``classifier``...).
+
+    Raises:
+        ValueError: the model has no linear layer with ``num_labels`` outputs and a bias.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == num_labels
+              and m.bias is not None]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no linear output layer of {num_labels} labels with a bias")
+    return layers[-1]
+
+
 def multi_hot(ids_per_row, num_labels: int) -> np.ndarray:
     """(N, C) float32: 1 where a row has the label."""
     hot = np.zeros((len(ids_per_row), num_labels), dtype=np.float32)
@@ -287,6 +301,21 @@ class MultiLabelClassification(TaskType):
 
     def read_user_split(self, path, spec, split="train"):
         return read_labelled_table(path, spec, "train" if split == "train" else DEV_SPLITS)
+
+    def init_head(self, spec, model, train_data):
+        """Each label's output bias starts at the log-odds of its frequency in ``train_data``, log(p / (1 - p)), so
+        the new head predicts the label priors before its first step (Lin et al., 2017, "Focal Loss for Dense Object
+        Detection", §3.3: "prior" initialisation for rare classes). With the bias drawn near 0 every label starts at
+        probability 0.5, and the first updates go to learning how rare each label is: at GoEmotions' 28 labels the
+        teacher's loss then stayed at the priors' (0.149 nats a label) for a whole epoch at 5e-5. p is clipped to
+        [1e-4, 1 - 1e-4] so a label absent from the training set starts low, not at -inf."""
+        counts = np.zeros(spec.num_labels)
+        for ids in train_data["label"]:
+            counts[ids] += 1
+        prior = np.clip(counts / max(len(train_data), 1), 1e-4, 1 - 1e-4)
+        output = output_layer(model, spec.num_labels)
+        with torch.no_grad():
+            output.bias.copy_(torch.as_tensor(np.log(prior / (1 - prior)), dtype=output.bias.dtype))
 
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         encoded = tokenize_texts(dataset, tokenizer, spec, max_seq_length)
