@@ -1011,10 +1011,10 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
     terms = intermediate_terms(config.distill.weights)
     if not terms:
         return None
+    teacher_config = _planned_teacher_config(config, out)
+    if teacher_config is None:
+        return None
     try:
-        teacher = out / "teacher"
-        teacher_config = load_model_config(str(teacher) if (teacher / "config.json").is_file()
-                                           else config.teacher.model or config.teacher.base_model)
         layers = _student_layers(config, teacher_config)
     except (OSError, ValueError):  # ModelError is a ValueError
         return None

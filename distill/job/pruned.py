@@ -96,10 +96,8 @@ def stage_config(config, shape: dict):
 def stage_source(stage_dir: Path, pruned: dict, record: dict) -> dict:
     """What the next stage prunes: the distilled student of one stage in ``stage_dir`` (``pruned``: its pruned
     stage's result; ``record``: its prediction step's record), with the teacher layers and channels it stands for."""
-    plan = json.loads((Path(pruned["folder"]) / PLAN_FILE).read_text(encoding="utf-8"))
-    return {"folder": str(stage_dir / "student"), "run_id": record["run_id"],
-            "layers": plan.get("teacher_layers", plan["layers"]),
-            "residual": plan.get("teacher_residual", plan["residual"]),
+    return {"folder": str(stage_dir / "student"), "run_id": record["run_id"], "layers": pruned["layer_map"],
+            "residual": kept_channels(pruned["folder"]),
             "projections": str(stage_dir / "student_intermediate" / PROJECTIONS_FILE)}
 
 

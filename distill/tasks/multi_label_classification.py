@@ -309,10 +309,7 @@ class MultiLabelClassification(TaskType):
         probability 0.5, and the first updates go to learning how rare each label is: at GoEmotions' 28 labels the
         teacher's loss then stayed at the priors' (0.149 nats a label) for a whole epoch at 5e-5. p is clipped to
         [1e-4, 1 - 1e-4] so a label absent from the training set starts low, not at -inf."""
-        counts = np.zeros(spec.num_labels)
-        for ids in train_data["label"]:
-            counts[ids] += 1
-        prior = np.clip(counts / max(len(train_data), 1), 1e-4, 1 - 1e-4)
+        prior = np.clip(multi_hot(train_data["label"], spec.num_labels).mean(axis=0), 1e-4, 1 - 1e-4)
         output = output_layer(model, spec.num_labels)
         with torch.no_grad():
             output.bias.copy_(torch.as_tensor(np.log(prior / (1 - prior)), dtype=output.bias.dtype))
