@@ -16,8 +16,6 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-from scipy import stats
-from sklearn import metrics
 from transformers import PreTrainedTokenizerBase
 
 from distill.method.losses import prediction_loss, score_loss
@@ -268,17 +266,23 @@ def tokenize_texts(
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Fraction of predictions equal to the labels, in [0, 1] (scikit-learn's ``accuracy_score``)."""
+    from sklearn import metrics  # here, not at the top: the command line starts without scikit-learn's second
+
     return float(metrics.accuracy_score(labels, predictions))
 
 
 def f1(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
     """F1 of the positive class (GLUE's MRPC/QQP convention), in [0, 1]; 0 when there are no true positives
     (scikit-learn's ``f1_score``, binary average)."""
+    from sklearn import metrics
+
     return float(metrics.f1_score(labels, predictions, pos_label=positive, average="binary", zero_division=0.0))
 
 
 def matthews_corrcoef(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Matthews correlation coefficient (CoLA), in [-1, 1]; 0 when undefined (scikit-learn's ``matthews_corrcoef``)."""
+    from sklearn import metrics
+
     return float(metrics.matthews_corrcoef(labels, predictions))
 
 
@@ -297,6 +301,8 @@ def sequence_metrics(spec: TaskSpec, outputs: np.ndarray, labels: np.ndarray) ->
         labels: (N,) gold class ids or scores.
     """
     if spec.is_regression:
+        from scipy import stats  # here, not at the top: the command line starts without SciPy's half second
+
         predictions = outputs.reshape(-1)
         table = {
             "pearson": lambda: correlation(stats.pearsonr, predictions, labels),
