@@ -104,10 +104,10 @@ def test_augment_flags_come_from_the_config_fields_and_their_help(capsys):
     from distill.config import AugmentConfig
 
     flags = {key: (flag, kind, text) for flag, key, kind, text in run_distill.augment_flags()}
-    # Every field but the switch, the token-classification setting and the unlabelled text (the pipeline's: it fills
-    # the room the augmented set leaves), which the augment command does not take.
+    # Every field but the switch, the token-classification setting and the unlabelled text and its ranking (the
+    # pipeline's: it fills the room the augmented set leaves), which the augment command does not take.
     assert set(flags) == {f.name for f in dataclasses.fields(AugmentConfig)} - {"enabled", "replace_entities",
-                                                                                 "unlabelled"}
+                                                                                 "unlabelled", "unlabelled_ranked"}
     assert flags["num_copies"][:2] == ("--num-copies", int) and flags["max_vocab"][1] is int
     assert flags["replace_prob"][1] is float and "p_t" in flags["replace_prob"][2]
     args = run_distill.parse_args(["augment", "--mlm", "m", "--max-rows", "900", "--output-dir", "o"])

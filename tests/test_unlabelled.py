@@ -266,3 +266,122 @@ def test_the_ner_recipe_ships_its_transfer_set():
     again = sample_lines(["transfer"], 100, seed=42, exclude=set(drawn))
     assert len(again) == 100 and not set(again) & set(drawn)  # the dev sentences are left out so
     assert drawn != sample_lines(["transfer"], 100, seed=43)
+
+
+def test_entity_mass_sums_the_teachers_non_o_probability_over_scored_pieces_only():
+    import numpy as np
+
+    from distill.tasks.token_classification import entity_mass
+
+    # Three pieces of three tags (O is index 1 here): the last piece is a word's continuation, not scored.
+    logits = np.log(np.array([[0.2, 0.7, 0.1], [0.5, 0.25, 0.25], [0.9, 0.05, 0.05]]))
+    labels = np.array([0, 0, IGNORE])
+    assert entity_mass([logits], [labels], 1)[0] == pytest.approx(0.3 + 0.75)
+    assert entity_mass([logits, logits[:0]], [labels, labels[:0]], None).tolist() == [2.0, 0.0]  # no O: words
+    spec = task_spec(TaskConfig(name="wnut_17"))
+    assert spec.type.transfer_scores(spec, [], []).shape == (0,)  # the type has a score: preflight asks this way
+    assert task_spec(TaskConfig(name="sst2")).type.transfer_scores(spec, [], []) is None
+
+
+def test_ranked_unlabelled_text_keeps_the_share_the_teacher_scores_highest_in_the_order_drawn(tmp_path,
+                                                                                           tiny_tokenizer):
+    """``augment.unlabelled_ranked`` r: room / r sentences drawn (here all 6 of the text: the room is 3, r 0.5), the
+    fine-tuned teacher in the output folder scores each (the type's transfer score on its own logits), and the r
+    share of them it scores highest fills the room, in the order drawn."""
+    from functools import partial
+
+    import numpy as np
+    import torch
+
+    from distill.job.pipeline import teacher_ranks
+    from distill.tasks.evaluate import predict
+    from distill.tasks.token_classification import entity_mass
+    from tests.test_token_classification import tiny_ner_teacher
+
+    spec = _ner_spec(tmp_path)
+    teacher_dir = tmp_path / "teacher"
+    tiny_ner_teacher(seed=3).save_pretrained(teacher_dir)
+    tiny_tokenizer.save_pretrained(teacher_dir)
+    lines = ["the actor was in a movie", "the cast and the film", "a terrible plot is fun", "it is a wonderful story",
+             "the actor and the cast", "a fun movie is a story"]
+    corpus = write_corpus(tmp_path / "text.txt", lines)
+    augmented = _augmented({"tokens": [["the", "actor"]], "label": [[0, 1]]},
+                           datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                              "label": datasets.Sequence(datasets.Value("int64"))}))
+    config = with_overrides(load_config(None), {"augment.unlabelled": [str(corpus)], "augment.max_rows": 4,
+                                                "augment.unlabelled_ranked": 0.5})
+    rank = partial(teacher_ranks, teacher_dir, spec, 32, device=torch.device("cpu"))
+    (tmp_path / "ranked").mkdir()
+    rows = with_unlabelled(augmented, config, spec, tmp_path / "ranked", rank=rank)
+    drawn = sample_lines([str(corpus)], 6, seed=config.augment.seed)  # what sample_lines gives for room / r
+    assert sorted(drawn) == sorted(lines)
+    # The same scores by hand: the teacher's logits on the drawn sentences, its non-O mass over scored pieces.
+    encoded = spec.type.tokenize(datasets.Dataset.from_dict(spec.type.unlabelled_rows(spec, drawn)), tiny_tokenizer,
+                                 spec, 32)
+    teacher = tiny_ner_teacher(seed=3)
+    scores = entity_mass(predict(teacher, encoded, tiny_tokenizer, task_type=spec.type, device="cpu"),
+                         encoded["labels"], 0)
+    assert len(set(np.round(scores, 6))) == 6  # no ties: the ranking is decided
+    top = sorted(np.argsort(-scores)[:3])
+    assert [" ".join(r["tokens"]) for r in rows.to_list()[1:]] == [" ".join(drawn[i].split()) for i in top]
+    assert all(r["source_index"] == -1 for r in rows.to_list()[1:])
+    # Drawn at random instead (no r): three sentences fill the room, the teacher not asked.
+    (tmp_path / "random").mkdir()
+    plain = with_overrides(config, {"augment.unlabelled_ranked": None})
+    drawn_three = with_unlabelled(augmented, plain, spec, tmp_path / "random", rank=None)
+    assert len(drawn_three) == 4
+
+
+def test_ranking_enters_the_augmented_run_id_with_the_teacher_and_is_refused_where_it_cannot_run(tmp_path):
+    from distill.job.pipeline import augmented_inputs
+
+    spec_config = with_overrides(load_config("ner_minilm"), {"task.data_dir": None})
+    ranked = with_overrides(spec_config, {"augment.unlabelled_ranked": 0.33})
+    assert augmented_inputs(spec_config, "t1") == augmented_inputs(spec_config, "t2")  # no ranking: no teacher
+    assert augmented_inputs(ranked, "t1") != augmented_inputs(ranked, "t2")
+    assert augmented_inputs(ranked, "t1") != augmented_inputs(spec_config, "t1")
+    inputs = augmented_inputs(spec_config, "t1")
+    assert STAGES["augmented"].run_id(ranked, inputs) != STAGES["augmented"].run_id(spec_config, inputs)
+    with pytest.raises(ConfigError, match="augment.unlabelled_ranked: a sequence classifier has no transfer score"):
+        check_unlabelled(_sst2(tmp_path, **{"augment.unlabelled_ranked": 0.5}))
+    with pytest.raises(ConfigError, match=r"augment.unlabelled_ranked=0.5 ranks the sentences of augment.unlabelled, "
+                                          "which names no text"):
+        preflight(with_overrides(load_config(None), {"augment.unlabelled_ranked": 0.5}))
+    with pytest.raises(ConfigError, match="unlabelled_ranked"):
+        with_overrides(load_config(None), {"augment.unlabelled_ranked": 1.5})
+
+
+def test_the_pipeline_ranks_unlabelled_text_by_its_own_teacher_and_the_plan_knows_the_run_id(tmp_path, tiny_tokenizer,
+                                                                                             caplog):
+    """A tiny NER job with ``augment.unlabelled_ranked``: the augmented stage keeps the share of the drawn sentences
+    its fine-tuned teacher ranks highest, under the run id the dry run printed; a rerun reuses it."""
+    from distill.job.pipeline import plan_pipeline, run_pipeline
+    from tests.conftest import tiny_job
+    from tests.test_token_classification import SENTENCES, TAGS, tiny_ner_teacher
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_conll(data / "train.conll", SENTENCES * 2)
+    write_conll(data / "dev.conll", SENTENCES)
+    corpus = write_corpus(tmp_path / "text.txt", [f"the {w} was a fun story" for w in ("actor", "cast", "film", "plot",
+                                                                                        "movie", "story")])
+    path = tiny_job(tmp_path, tiny_ner_teacher(), tiny_tokenizer,
+                    task={"name": "ner", "task_type": "token_classification", "train_file": str(data / "train.conll"),
+                          "dev_file": str(data / "dev.conll"), "label_names": list(TAGS)},
+                    student={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                             "num_attention_heads": 4, "init": "teacher"},
+                    export={"onnx": False})
+    job = yaml.safe_load(Path(path).read_text())
+    job["augment"].update(enabled=True, unlabelled=[str(corpus)], unlabelled_ranked=0.5, num_copies=0)
+    job["augment"]["max_rows"] = 8 + 3  # the 8 training sentences and room for 3: 6 drawn, 3 kept
+    job["distill"]["hard_label_weight"] = 0.0
+    Path(path).write_text(yaml.safe_dump(job))
+    config = load_config(str(path))
+    planned = {row["stage"]: row for row in plan_pipeline(config)}["augmented"]["run_id"]
+    run_pipeline(config)
+    out = Path(config.output_dir)
+    record = json.loads((out / "augmented" / "stage.json").read_text())
+    assert record["run_id"] == planned and record["num_unlabelled"] == 3 and record["num_rows"] == 11
+    assert "the teacher kept 3 of 6 sentences drawn" in caplog.text
+    run_pipeline(config)
+    assert json.loads((out / "augmented" / "stage.json").read_text()) == record

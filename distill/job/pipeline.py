@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import shutil
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import datasets
@@ -163,6 +165,16 @@ def mlm_run_id(config: PipelineConfig) -> str:
     return "given" if config.mlm.model is not None else STAGES["mlm"].run_id(config, {})
 
 
+def augmented_inputs(config: PipelineConfig, teacher_id: str) -> dict[str, str]:
+    """The augmented set's inputs for its run id: the masked LM's (:func:`mlm_run_id`) and, when the teacher ranks
+    the unlabelled text (``augment.unlabelled_ranked``), the teacher's with it in one fingerprint, so that a set made
+    without ranking keeps the run id it had."""
+    mlm = mlm_run_id(config)
+    if config.augment.unlabelled and config.augment.unlabelled_ranked is not None:
+        mlm = fingerprint(mlm, "unlabelled text ranked by the teacher", teacher_id)
+    return {"mlm": mlm}
+
+
 def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> tuple[str, str]:
     """The masked LM for augmentation: the configured one, or one adapted here. Returns (name or folder, run id)."""
     if config.mlm.model is not None:
@@ -175,10 +187,11 @@ def mlm_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> tup
     return str(folder), run_id
 
 
-def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, *,
-                  device: torch.device) -> tuple[datasets.Dataset, str]:
+def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path,
+                  teacher_record: dict, *, device: torch.device) -> tuple[datasets.Dataset, str]:
     """The distillation training set: augmented (TinyBERT §3.3) or the original, with the masked LM and word-vector
-    search on ``device``. Returns (dataset, run id)."""
+    search on ``device``, and any unlabelled text (ranked by the teacher of ``teacher_record`` in ``out/teacher`` with
+    ``augment.unlabelled_ranked``). Returns (dataset, run id)."""
     if not config.augment.enabled:
         return data["train"], STAGES["augmented"].run_id(config, {"mlm": "none"})
     # No copies to make: augment.num_copies 0, or a training set that fills augment.max_rows (or max_examples 0) on
@@ -197,11 +210,12 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     # The masked LM's run id is known without it (mlm_run_id), so a finished augmented set is found before the masked
     # LM is adapted: a deleted mlm/ folder is not trained again for a set that is already made.
     whole, folder = config, out / "augmented"
-    run_id, config, record = open_stage("augmented", config, folder, {"mlm": mlm_run_id(config)})
+    run_id, config, record = open_stage("augmented", config, folder, augmented_inputs(config, teacher_record["run_id"]))
     dev = dev_texts(data, spec) if config.augment.unlabelled else frozenset()  # never drawn as unlabelled text
+    rank = partial(teacher_ranks, out / "teacher", spec, config.task.max_seq_length, device=device)
     if record is not None:
         logger.info("augmentation: done (%d rows), skipping", record["num_rows"])
-        return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
+        return with_unlabelled(load_shards(folder), config, spec, folder, dev, rank), run_id
     mlm = mlm_stage(whole, out, device=device)[0] if copies else None
     _start("augmentation", folder)
     factory = generator_factory(config.augment, mlm, device=device) if mlm is not None else None  # None: no copies
@@ -214,7 +228,7 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     def augment() -> None:  # the main process augments (or, after a shared run, writes the rest); the others read it
         augmented = augment_dataset(data["train"], spec.text_columns, factory, config.augment, folder, run_id,
                                     replaceable=replaceable)
-        made["set"] = training_set = with_unlabelled(augmented, config, spec, folder, dev)
+        made["set"] = training_set = with_unlabelled(augmented, config, spec, folder, dev, rank)
         augmented_rows, unlabelled = num_augmented(augmented), len(training_set) - len(augmented)
         processes = {"num_processes": PartialState().num_processes} if shared else {}  # each on its own device
         mark_stage_done(folder, run_id, {"num_rows": len(training_set), "num_augmented": augmented_rows,
@@ -225,7 +239,7 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     on_main(folder, run_id, augment)
     if "set" in made:
         return made["set"], run_id
-    return with_unlabelled(load_shards(folder), config, spec, folder, dev), run_id
+    return with_unlabelled(load_shards(folder), config, spec, folder, dev, rank), run_id
 
 
 def _augment_shared(dataset: datasets.Dataset, text_columns: tuple[str, ...], factory, config, folder: Path,
@@ -287,10 +301,12 @@ def dev_texts(data: datasets.DatasetDict, spec: TaskSpec) -> set[str]:
 
 
 def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: TaskSpec, folder: Path,
-                    exclude: set[str] = frozenset()) -> datasets.Dataset:
+                    exclude: set[str] = frozenset(), rank=None) -> datasets.Dataset:
     """The augmented set and, with ``augment.unlabelled``, sentences of that text drawn at random
     (:func:`distill.job.corpus.sample_lines`, seeded by ``augment.seed``; none of ``exclude``, the dev texts) to fill the
-    room ``augment.max_rows`` leaves:
+    room ``augment.max_rows`` leaves, or, with ``augment.unlabelled_ranked`` r, up to room / r of them drawn and
+    the r share of those (at most the room) that ``rank`` (rows -> (N,) scores: :func:`teacher_ranks`) scores
+    highest, in the order drawn:
     rows of the task's columns (:meth:`~distill.tasks.TaskType.unlabelled_rows`) with ``source_index`` -1, a
     placeholder label, and the teacher's logits as their only target (a transfer set, as in Hinton et al., 2015,
     §2). Written once to ``<folder>/unlabelled`` by a write-then-rename, read back on a rerun."""
@@ -301,13 +317,23 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
         for leftover in folder.glob(".tmp-*"):  # a write killed before its rename
             shutil.rmtree(leftover, ignore_errors=True)
         room = max(0, config.augment.max_rows - len(augmented))
-        texts = sample_lines(config.augment.unlabelled, room, seed=config.augment.seed, exclude=exclude)
+        ranked = config.augment.unlabelled_ranked
+        drawn = room if ranked is None else math.ceil(room / ranked)
+        texts = sample_lines(config.augment.unlabelled, drawn, seed=config.augment.seed, exclude=exclude)
         if not texts:
             logger.warning("augment.unlabelled: no room left (augment.max_rows %d, %d rows augmented) or no line of "
                            "three words or more in the text; the set has no unlabelled rows", config.augment.max_rows,
                            len(augmented))
             return augmented
         columns = spec.type.unlabelled_rows(spec, texts)
+        if ranked is not None:
+            scores = rank(columns)
+            keep = min(room, math.ceil(ranked * len(texts)))
+            kept = np.sort(np.argsort(-scores, kind="stable")[:keep])
+            logger.info("augment.unlabelled_ranked %g: the teacher kept %d of %d sentences drawn (mean score %.3f, "
+                        "%.3f over all drawn)", ranked, keep, len(texts), scores[kept].mean(), scores.mean())
+            texts = [texts[i] for i in kept]
+            columns = {name: [values[i] for i in kept] for name, values in columns.items()}
         columns.update(source_index=[-1] * len(texts), is_augmented=[True] * len(texts))
         rows = datasets.Dataset.from_dict({name: columns.get(name, [None] * len(texts)) for name in augmented.features},
                                           features=augmented.features)
@@ -315,6 +341,22 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
         logger.info("augment.unlabelled: %d sentences fill the room augment.max_rows %d leaves", len(texts),
                     config.augment.max_rows)
     return datasets.concatenate_datasets([augmented, datasets.load_from_disk(str(path))])
+
+
+def teacher_ranks(teacher_dir: Path, spec: TaskSpec, max_seq_length: int, columns: dict[str, list], *,
+                  device: torch.device) -> np.ndarray:
+    """The task type's transfer scores (:meth:`~distill.tasks.TaskType.transfer_scores`) of unlabelled rows
+    ({column: N values}, as :meth:`~distill.tasks.TaskType.unlabelled_rows` makes them), by the fine-tuned teacher in
+    ``teacher_dir`` on ``device``: (N,) float64, higher first."""
+    tokenizer = load_tokenizer(str(teacher_dir))
+    teacher = load_teacher(str(teacher_dir), spec).to(device)
+    rows = tokenize(datasets.Dataset.from_dict(columns), tokenizer, spec, max_seq_length)
+    logger.info("augment.unlabelled_ranked: the teacher scores %d sentences", len(rows))
+    logits = predict(teacher, rows, tokenizer, task_type=spec.type, device=device, batch_size=128)
+    scores = spec.type.transfer_scores(spec, logits, rows["labels"])
+    if scores is None:
+        raise ConfigError(f"augment.unlabelled_ranked: a {spec.type.description} has no transfer score; drop it")
+    return np.asarray(scores, dtype=np.float64)
 
 
 def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) -> dict:
@@ -728,7 +770,7 @@ def _teacher_and_data(config: PipelineConfig, device: torch.device) -> tuple:
     if is_main_process():
         write_json_atomic(out / "config.json", to_dict(with_absolute_paths(config)))  # read from any folder
     teacher_record = teacher_stage(config, spec, data, out, device=device)
-    train_data, data_run_id = augment_stage(config, spec, data, out, device=device)
+    train_data, data_run_id = augment_stage(config, spec, data, out, teacher_record, device=device)
     return out, spec, data, source, teacher_record, train_data, data_run_id
 
 
@@ -945,7 +987,8 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
             add("mlm", out / "mlm", mlm_id)
             if rows[-1]["action"] != "reuse" and config.augment.max_rows is not None:
                 rows[-1]["note"] = "not if the training set leaves no room for copies under augment.max_rows"
-        data_id = add("augmented", out / "augmented", STAGES["augmented"].run_id(config, {"mlm": mlm_id}))
+        data_id = add("augmented", out / "augmented", STAGES["augmented"].run_id(
+            config, augmented_inputs(config, teacher_id)))
     if not config.general.enabled or config.student.model is not None:
         general_id = "none"
         add("general", None, None, "student.model is given" if config.general.enabled else "general.enabled is false")

@@ -50,6 +50,9 @@ def preflight(config: PipelineConfig) -> None:
                            "or augment.replace_entities: false", config.distill.hard_label_weight)
         if config.augment.unlabelled:
             check_unlabelled(config)
+        elif config.augment.unlabelled_ranked is not None:
+            raise ConfigError(f"augment.unlabelled_ranked={config.augment.unlabelled_ranked:g} ranks the sentences of "
+                              "augment.unlabelled, which names no text; name some (e.g. [transfer]) or drop it")
         check_word_vectors(config.augment.word_vectors)
         load_stopwords(config.augment.stopwords)
         if config.mlm.model is None:
@@ -107,10 +110,12 @@ def check_not_a_stage_folder(config: PipelineConfig) -> None:
 
 
 def check_unlabelled(config: PipelineConfig) -> None:
-    """``augment.unlabelled`` can run: a task whose rows are one text, a budget, no hard-label term, files that exist.
+    """``augment.unlabelled`` can run: a task whose rows are one text, a budget, no hard-label term, files that exist,
+    and a transfer score where ``augment.unlabelled_ranked`` asks for one.
 
     Raises:
-        ConfigError: a pair or question-answering task, no ``augment.max_rows``, or ``distill.hard_label_weight`` > 0.
+        ConfigError: a pair or question-answering task, no ``augment.max_rows``, ``distill.hard_label_weight`` > 0,
+            or ``augment.unlabelled_ranked`` for a task type without :meth:`~distill.tasks.TaskType.transfer_scores`.
         DataError: a file it names does not exist.
     """
     spec = task_spec(config.task)
@@ -125,6 +130,10 @@ def check_unlabelled(config: PipelineConfig) -> None:
         raise ConfigError(f"augment.unlabelled: its sentences have no labels, and distill.hard_label_weight="
                           f"{config.distill.hard_label_weight:g} would train on their placeholders; set "
                           "distill.hard_label_weight: 0 (the teacher's logits are the targets)")
+    if config.augment.unlabelled_ranked is not None and spec.type.transfer_scores(spec, [], []) is None:
+        raise ConfigError(f"augment.unlabelled_ranked: a {spec.type.description} has no transfer score to rank "
+                          "unlabelled text by (token classification has); drop augment.unlabelled_ranked and the "
+                          "sentences are drawn at random")
     corpus_sources(config.augment.unlabelled)
 
 

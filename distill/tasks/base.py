@@ -264,6 +264,22 @@ class TaskType:
         """
         raise ValueError(f"a {self.description} cannot take unlabelled sentences (one text a row)")
 
+    def transfer_scores(self, spec: TaskSpec, logits: list[np.ndarray], labels: list[np.ndarray]) -> np.ndarray | None:
+        """How much of what the student most needs to learn each unlabelled row holds, by the teacher's logits on it:
+        ``augment.unlabelled_ranked`` keeps the rows with the highest scores (a transfer set chosen by the teacher's
+        own predictions on unlabelled text). Called with no rows, it says whether the type has a score at all
+        (preflight refuses the option for a type without one).
+
+        Args:
+            logits: the teacher's logits per row, as :func:`distill.tasks.evaluate.predict` gives them.
+            labels: each row's ``labels`` as the type tokenizes it (a scored position's placeholder label; others
+                ``IGNORE``).
+
+        Returns:
+            (N,) float64 scores, higher is kept first; None: this type has no such score.
+        """
+        return None
+
 
 class PredictionHead:
     """A task type's answers for the distillation objective, bound to one task (TextBrewer's adaptor in spirit): the

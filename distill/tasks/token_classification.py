@@ -309,6 +309,31 @@ def token_soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch
     return -(targets * log_probs).sum(dim=-1).sum() / scored.sum().clamp(min=1)
 
 
+def entity_mass(logits: list[np.ndarray], labels: list[np.ndarray], outside: int | None) -> np.ndarray:
+    """The number of words a model expects to be part of an entity, per sentence: the sum, over the scored pieces (a
+    word's first; ``labels`` not ``IGNORE``), of the probability of any tag but ``outside`` (softmax of the logits).
+    A sentence the teacher reads as holding names scores high, one of plain words near 0: ranking unlabelled text
+    by it (``augment.unlabelled_ranked``) gives the student more of the rare entity words it fits least.
+
+    Args:
+        logits: N arrays (T_i, C), a model's logits per word piece.
+        labels: N arrays (T_i,), ``IGNORE`` where a piece is not scored.
+        outside: the index of the O tag; None (no O tag): every word counts whole.
+
+    Returns:
+        (N,) float64.
+    """
+    scores = np.zeros(len(logits), dtype=np.float64)
+    for i, (row, tags) in enumerate(zip(logits, labels)):
+        row = np.asarray(row, dtype=np.float64)[np.asarray(tags) != IGNORE]
+        if outside is None or not len(row):
+            scores[i] = len(row)
+            continue
+        shifted = np.exp(row - row.max(axis=-1, keepdims=True))
+        scores[i] = float(np.sum(1.0 - shifted[:, outside] / shifted.sum(axis=-1)))
+    return scores
+
+
 def entity_metrics(logits: list[np.ndarray] | np.ndarray, labels: list[np.ndarray] | np.ndarray,
                    label_names: tuple[str, ...], words: list[list[str]] | None = None,
                    train_surfaces: set[str] | None = None) -> dict[str, float]:
@@ -733,6 +758,9 @@ class TokenClassification(TaskType):
     def unlabelled_rows(self, spec, texts):
         words = [[text[start:end] for start, end in split_words(text)] for text in texts]
         return {spec.text_columns[0]: words, "label": [[0] * len(w) for w in words]}  # tag 0 marks a scored word
+
+    def transfer_scores(self, spec, logits, labels):
+        return entity_mass(logits, labels, spec.label_names.index("O") if "O" in spec.label_names else None)
 
     def replaceable_words(self, spec, replace_entities=False):
         if replace_entities:
