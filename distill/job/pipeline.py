@@ -327,6 +327,8 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
             return augmented
         columns = spec.type.unlabelled_rows(spec, texts)
         if ranked is not None:
+            if rank is None:
+                raise ValueError("augment.unlabelled_ranked needs rank, the teacher's scores of the drawn rows")
             scores = rank(columns)
             keep = min(room, math.ceil(ranked * len(texts)))
             kept = np.sort(np.argsort(-scores, kind="stable")[:keep])
