@@ -225,10 +225,10 @@ class AugmentConfig:
                 "random, fill the room max_rows leaves after augmentation, with no label: the teacher's logits are "
                 "their targets (one-text classification and token classification)", "flag": False})
     unlabelled_ranked: float | None = option(
-        None, "with unlabelled: score up to room / this many of the text's sentences with the teacher and keep this "
-        "share of them, those it ranks highest (the task type's transfer score; token classification: the words it "
-        "tags as entities), instead of drawing the room full at random: fewer rows, more of what the student misses "
-        "(ner_minilm.yaml: 0.33)", flag=False)
+        None, "with unlabelled: draw up to room / this many of the text's sentences, score them with the teacher and "
+        "keep this share of them, those it ranks highest (the task type's transfer score; token classification: the "
+        "words it tags as entities), instead of drawing the room full at random; fewer rows than the room when the "
+        "text holds fewer than room / this sentences", flag=False)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.enabled, bool) or self.enabled == "auto", "enabled",

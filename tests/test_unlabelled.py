@@ -325,6 +325,12 @@ def test_ranked_unlabelled_text_keeps_the_share_the_teacher_scores_highest_in_th
     top = sorted(np.argsort(-scores)[:3])
     assert [" ".join(r["tokens"]) for r in rows.to_list()[1:]] == [" ".join(drawn[i].split()) for i in top]
     assert all(r["source_index"] == -1 for r in rows.to_list()[1:])
+    # r 0.25 asks for 12 sentences of a text of 6: all 6 are scored and their top quarter (2) kept, short of the room.
+    (tmp_path / "short").mkdir()
+    short = with_unlabelled(augmented, with_overrides(config, {"augment.unlabelled_ranked": 0.25}), spec,
+                            tmp_path / "short", rank=rank)
+    assert [" ".join(r["tokens"]) for r in short.to_list()[1:]] == [" ".join(drawn[i].split())
+                                                                   for i in sorted(np.argsort(-scores)[:2])]
     # Drawn at random instead (no r): three sentences fill the room, the teacher not asked.
     (tmp_path / "random").mkdir()
     plain = with_overrides(config, {"augment.unlabelled_ranked": None})
@@ -383,5 +389,10 @@ def test_the_pipeline_ranks_unlabelled_text_by_its_own_teacher_and_the_plan_know
     record = json.loads((out / "augmented" / "stage.json").read_text())
     assert record["run_id"] == planned and record["num_unlabelled"] == 3 and record["num_rows"] == 11
     assert "the teacher kept 3 of 6 sentences drawn" in caplog.text
-    run_pipeline(config)
+    assert caplog.text.count("the teacher scores 6 sentences") == 1
+    card = (out / "student" / "README.md").read_text()
+    assert "3 of them sentences of text.txt with no label (the teacher's logits their targets; the 0.5 share of " \
+        "those drawn that the teacher ranked highest)" in card
+    run_pipeline(config)  # a rerun reads the rows back: the teacher ranks nothing again
     assert json.loads((out / "augmented" / "stage.json").read_text()) == record
+    assert caplog.text.count("the teacher scores") == 1

@@ -305,8 +305,9 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
     """The augmented set and, with ``augment.unlabelled``, sentences of that text drawn at random
     (:func:`distill.job.corpus.sample_lines`, seeded by ``augment.seed``; none of ``exclude``, the dev texts) to fill the
     room ``augment.max_rows`` leaves, or, with ``augment.unlabelled_ranked`` r, up to room / r of them drawn and
-    the r share of those (at most the room) that ``rank`` (rows -> (N,) scores: :func:`teacher_ranks`) scores
-    highest, in the order drawn:
+    the r share of those that ``rank`` (rows -> (N,) scores: :func:`teacher_ranks`) scores highest, in the order
+    drawn: the room when the text holds room / r sentences or more, fewer rows when it holds fewer (the shipped
+    transfer set's 50,000 at r 0.33: about 16,500 rows, all of it scored):
     rows of the task's columns (:meth:`~distill.tasks.TaskType.unlabelled_rows`) with ``source_index`` -1, a
     placeholder label, and the teacher's logits as their only target (a transfer set, as in Hinton et al., 2015,
     §2). Written once to ``<folder>/unlabelled`` by a write-then-rename, read back on a rerun."""
@@ -318,7 +319,7 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
             shutil.rmtree(leftover, ignore_errors=True)
         room = max(0, config.augment.max_rows - len(augmented))
         ranked = config.augment.unlabelled_ranked
-        drawn = room if ranked is None else math.ceil(room / ranked)
+        drawn = room if ranked is None else math.ceil(round(room / ranked, 6))
         texts = sample_lines(config.augment.unlabelled, drawn, seed=config.augment.seed, exclude=exclude)
         if not texts:
             logger.warning("augment.unlabelled: no room left (augment.max_rows %d, %d rows augmented) or no line of "
@@ -330,7 +331,7 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
             if rank is None:
                 raise ValueError("augment.unlabelled_ranked needs rank, the teacher's scores of the drawn rows")
             scores = rank(columns)
-            keep = min(room, math.ceil(ranked * len(texts)))
+            keep = min(room, math.ceil(round(ranked * len(texts), 6)))  # round: 0.07 * 100 is 7.000000000000001
             kept = np.sort(np.argsort(-scores, kind="stable")[:keep])
             logger.info("augment.unlabelled_ranked %g: the teacher kept %d of %d sentences drawn (mean score %.3f, "
                         "%.3f over all drawn)", ranked, keep, len(texts), scores[kept].mean(), scores.mean())

@@ -105,7 +105,9 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     lines = [f"teacher: {made}; dev {dev}",
              _augmentation(augment, num_rows, num_augmented)
              + (f", {num_unlabelled} of them sentences of {', '.join(_corpus_name(u) for u in augment.unlabelled)} "
-                f"with no label (the teacher's logits their targets)" if num_unlabelled else ""),
+                f"with no label (the teacher's logits their targets"
+                + (f"; the {augment.unlabelled_ranked:g} share of those drawn that the teacher ranked highest"
+                   if augment.unlabelled_ranked is not None else "") + ")" if num_unlabelled else ""),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
              f"student: {_student_shape(config) if config.student.model is None else config.student.model}",
