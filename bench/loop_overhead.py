@@ -194,7 +194,7 @@ def time_model_work(args, data, collate, vocab_size: int, device: torch.device) 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.mixed_precision)
     gpu = utilisation(device)
     seconds = bare_step_seconds(target, batches, args.warmup, device, dtype,
-                                fused=device.type == "cuda" and args.mixed_precision != "fp16", monitor=gpu)
+                                fused=device.type in ("cpu", "cuda") and args.mixed_precision != "fp16", monitor=gpu)
     return seconds, gpu.percent
 
 
