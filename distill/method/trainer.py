@@ -195,7 +195,7 @@ def _optimizer(trainable: nn.Module, config: TrainConfig, fused: bool = False) -
     asks for on a CPU and on CUDA without fp16 loss scaling (a fused AdamW skips an overflowed step inside its kernel,
     so accelerate would not see the skip and the schedule would advance); elsewhere (fp16 scaling, MPS) the default
     implementation. On a 2-core CPU the default's per-tensor loops cost about a quarter of a MiniLM-L6 training step,
-    the fused kernel a few percent (``bench/adamw_step.py``, docs/performance.md)."""
+    the fused kernel a few percent (``bench/cpu_step.py``, docs/performance.md)."""
     decay, no_decay = [], []
     for name, parameter in trainable.named_parameters():
         if not parameter.requires_grad:
