@@ -84,6 +84,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
             + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
     dev = ", ".join(f"{k} {teacher_record['dev'][k]:.4f}" for k in headline_metrics(teacher_record["dev"]))
     augment = config.augment
+    ranked = ("" if augment.unlabelled_ranked is None
+              else f"; the {augment.unlabelled_ranked:g} share of those drawn that the teacher ranked highest")
     skipped = step1.get("skipped", False)
     weights = ran_weights(config, step1, step2)
     copied = step1.get("copied_layers")
@@ -105,9 +107,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
     lines = [f"teacher: {made}; dev {dev}",
              _augmentation(augment, num_rows, num_augmented)
              + (f", {num_unlabelled} of them sentences of {', '.join(_corpus_name(u) for u in augment.unlabelled)} "
-                f"with no label (the teacher's logits their targets"
-                + (f"; the {augment.unlabelled_ranked:g} share of those drawn that the teacher ranked highest"
-                   if augment.unlabelled_ranked is not None else "") + ")" if num_unlabelled else ""),
+                f"with no label (the teacher's logits their targets{ranked})" if num_unlabelled else ""),
              (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
              f"student: {_student_shape(config) if config.student.model is None else config.student.model}",
