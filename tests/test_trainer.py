@@ -191,6 +191,39 @@ def test_checkpoints_are_kept_and_found_in_step_order_past_six_digits(tmp_path):
     assert latest_checkpoint(folder).name == "step-1000000"
 
 
+def test_a_checkpoint_resumes_with_the_kernel_of_the_resuming_process(tmp_path):
+    """A checkpoint saved by one AdamW kernel (the default, or the fused one a CPU or a GPU uses) restores into an
+    optimizer of the other with that optimizer's kernel kept and the same next step as the saving kernel's: torch
+    places the restored step counts by the saved groups' flags, so the fused flag must be the resuming process's."""
+    from distill.method.checkpoint import load_checkpoint, save_checkpoint
+    from distill.method.trainer import TrainState
+
+    def step(model, optimizer):
+        model(torch.ones(3, 4)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for saving, resuming in [(None, True), (True, None)]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=saving)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        for _ in range(3):
+            step(model, optimizer)
+        folder = save_checkpoint(tmp_path / f"from-{saving}", "run", model, optimizer, scheduler,
+                                 TrainState(step=3), rng={})
+        restored = torch.nn.Linear(4, 4)
+        again = torch.optim.AdamW(restored.parameters(), lr=0.1, fused=resuming)
+        load_checkpoint(folder, "run", restored, again, torch.optim.lr_scheduler.LambdaLR(again, lambda _: 1.0))
+        assert [group["fused"] for group in again.param_groups] == [resuming]
+        assert all(state["step"].dtype == torch.float32 and state["step"].item() == 3.0
+                   for state in again.state.values())
+        step(model, optimizer)
+        step(restored, again)
+        for mine, theirs in zip(model.parameters(), restored.parameters()):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
 def _sigterm_in_step(step: int):
     """A distillation objective that sends this process SIGTERM inside the forward of its ``step``-th step."""
     import os

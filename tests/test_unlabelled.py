@@ -47,6 +47,22 @@ def test_lines_are_drawn_at_random_from_every_file_the_same_for_a_seed(tmp_path)
         sample_lines([str(tmp_path / "missing.txt")], 5, seed=1)
 
 
+def test_a_dev_sentence_is_left_out_of_the_text_however_it_is_tokenised(tmp_path):
+    """The dev file's tweet is a word list ("Hello , world !"); the same tweet in a user's text is written as people
+    write it ("Hello, world!"): it is still a dev sentence, and never drawn."""
+    from distill.job.pipeline import dev_texts
+
+    spec = _ner_spec(tmp_path)
+    dev = datasets.DatasetDict({split: datasets.Dataset.from_dict({"tokens": [["Hello", ",", "world", "!", "again"]],
+                                                                   "label": [[0] * 5]})
+                                for split in spec.dev_splits})
+    corpus = write_corpus(tmp_path / "tweets.txt", ["Hello,   world! again", "Hello , world ! again",
+                                                    "a different line of text"])
+    drawn = sample_lines([str(corpus)], 10, seed=1, exclude=dev_texts(dev, spec))
+    assert drawn == ["a different line of text"]
+    assert len(sample_lines([str(corpus)], 10, seed=1)) == 3
+
+
 def _augmented(columns: dict, features: datasets.Features) -> datasets.Dataset:
     size = len(next(iter(columns.values())))
     features = datasets.Features({**features, "source_index": datasets.Value("int64"),

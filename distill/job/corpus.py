@@ -83,7 +83,8 @@ def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3,
     :func:`corpus_sources` takes them) that have at least ``min_words`` words (letter/digit runs and punctuation
     marks, as :func:`augment.augmenter.split_words` counts them) and are not in ``exclude``: reservoir sampling
     (Vitter's Algorithm R) over one streamed pass, so memory holds ``count`` lines whatever the corpus size. Lines are
-    whitespace-normalised (runs of spaces made one) before they are compared or returned. Same names, count and
+    whitespace-normalised (runs of spaces made one) before they are returned, and compared with ``exclude`` both so and
+    as their words joined by spaces (``Hello, world!`` is excluded by ``Hello , world !``). Same names, count and
     seed: the same lines in the same order. Fewer than ``count`` when the corpus has fewer such lines; none, and no
     file read, when ``count`` <= 0.
 
@@ -100,7 +101,8 @@ def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3,
     for source in corpus_sources(names):
         for row in _source_dataset(source, streaming=True, column="text"):
             line = " ".join(row["text"].split())
-            if len(split_words(line)) < min_words or line in exclude:
+            words = split_words(line)
+            if len(words) < min_words or line in exclude or " ".join(line[a:b] for a, b in words) in exclude:
                 continue
             if len(chosen) < count:
                 chosen.append(line)

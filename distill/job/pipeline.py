@@ -290,13 +290,18 @@ def num_unlabelled(train_data: datasets.Dataset) -> int:
 
 
 def dev_texts(data: datasets.DatasetDict, spec: TaskSpec) -> set[str]:
-    """The dev sets' texts, whitespace-normalised (a word list joined by spaces): unlabelled text must not hold them,
-    or the student would be fitted to the teacher's outputs on the examples it is scored on."""
+    """The dev sets' texts, whitespace-normalised (a word list joined by spaces), each also as its words
+    (:func:`~distill.tasks.words.split_words`) joined by spaces: unlabelled text must not hold them, or the student
+    would be fitted to the teacher's outputs on the examples it is scored on (:func:`~distill.job.corpus.sample_lines`
+    compares a line in both forms, so a tweet tokenised in the dev file matches its untokenised copy)."""
+    from distill.tasks.words import split_words
+
     texts = set()
     for split in spec.dev_splits:
         for column in spec.text_columns:
             for value in data[split][column]:
-                texts.add(" ".join(value) if isinstance(value, list) else " ".join(str(value).split()))
+                text = " ".join(value) if isinstance(value, list) else " ".join(str(value).split())
+                texts.update((text, " ".join(text[a:b] for a, b in split_words(text))))
     return texts
 
 
@@ -341,8 +346,8 @@ def with_unlabelled(augmented: datasets.Dataset, config: PipelineConfig, spec: T
         rows = datasets.Dataset.from_dict({name: columns.get(name, [None] * len(texts)) for name in augmented.features},
                                           features=augmented.features)
         save_dataset(rows, path)
-        logger.info("augment.unlabelled: %d sentences fill the room augment.max_rows %d leaves", len(texts),
-                    config.augment.max_rows)
+        logger.info("augment.unlabelled: %d sentences in the room of %d rows augment.max_rows %d leaves", len(texts),
+                    room, config.augment.max_rows)
     return datasets.concatenate_datasets([augmented, datasets.load_from_disk(str(path))])
 
 

@@ -125,7 +125,7 @@ def check_unlabelled(config: PipelineConfig) -> None:
         raise ConfigError(f"augment.unlabelled: {error}; drop augment.unlabelled") from None
     if config.augment.max_rows is None:
         raise ConfigError("augment.unlabelled: its sentences fill the room augment.max_rows leaves after augmentation, "
-                          "and augment.max_rows is not set; set it (configs/ner_minilm.yaml: 25000)")
+                          "and augment.max_rows is not set; set it (configs/ner_minilm.yaml: 50000)")
     if config.distill.hard_label_weight > 0:
         raise ConfigError(f"augment.unlabelled: its sentences have no labels, and distill.hard_label_weight="
                           f"{config.distill.hard_label_weight:g} would train on their placeholders; set "

@@ -187,7 +187,9 @@ def load_checkpoint(
     try:
         meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
         weights = load_file(path / "trainable.safetensors")
-        extra = torch.load(path / "train.pt", weights_only=False)
+        # On the CPU: a checkpoint saved on a GPU resumes on a machine without one (load_state_dict then moves the
+        # optimizer's moments to its parameters' device).
+        extra = torch.load(path / "train.pt", weights_only=False, map_location="cpu")
         if "run_id" not in meta or not {"optimizer", "scheduler", "rng"} <= extra.keys():
             raise KeyError("state.json or train.pt lacks the training state")
     except Exception as error:  # truncated or corrupt files of any kind
@@ -198,7 +200,14 @@ def load_checkpoint(
             f"changed since it was written. Use a new --output-dir, or delete {path.parent} to restart this stage."
         )
     trainable.load_state_dict(weights)
-    optimizer.load_state_dict(extra["optimizer"])
+    saved = extra["optimizer"]
+    for group, current in zip(saved["param_groups"], optimizer.param_groups):
+        # The kernel is this process's choice, not the saving run's: torch places the restored step counts by the
+        # saved groups' flags (a fused kernel wants them on the parameters' device), so they must name it first.
+        for key in ("fused", "foreach", "capturable"):
+            if key in current:
+                group[key] = current[key]
+    optimizer.load_state_dict(saved)
     scheduler.load_state_dict(extra["scheduler"])
     return {"state": meta["state"], "rng": extra["rng"], "extra": extra.get("extra", {})}
 

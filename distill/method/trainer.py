@@ -314,9 +314,6 @@ def train(
     state = TrainState()
     restored = load_latest_good_checkpoint(output_dir / "checkpoints", run_id, trainable, optimizer, scheduler)
     if restored is not None:
-        for group in optimizer.param_groups:  # the checkpoint's groups name the kernel of the run that saved it
-            group["fused"] = True if fused else None
-    if restored is not None:
         checkpoint, saved = restored
         state = TrainState(**saved["state"])
         _set_rng_state(saved["rng"])
