@@ -579,7 +579,8 @@ def test_replacing_entity_words_with_a_hard_label_term_is_warned_of(hard_label_w
     folder = shared_data("ner/wnut17")
     config = load_config("ner_minilm.yaml", {"task.data_dir": str(folder), "augment.replace_entities": True,
                                              "augment.unlabelled": [],  # (which refuses a hard-label term outright)
-                                             "distill.hard_label_weight": hard_label_weight})
+                                             "augment.unlabelled_ranked": None,
+                                             "distill.hard_label_weight": hard_label_weight}, ignore_none=False)
     with caplog.at_level("WARNING", logger="distill.job.preflight"):
         preflight(config)
     assert ("augment.replace_entities with distill.hard_label_weight" in caplog.text) is warned

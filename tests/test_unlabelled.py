@@ -270,6 +270,7 @@ def test_the_ner_recipe_ships_its_transfer_set():
 
     config = load_config("ner_minilm.yaml", {"task.name": "wnut_17"})
     assert config.augment.unlabelled == ["transfer"] and config.augment.max_rows == 50000
+    assert config.augment.unlabelled_ranked == 0.33  # the teacher keeps the third of them richest in entities
     assert corpus_sources(["transfer"]) == [str(TRANSFER_CORPUS)]
     with gzip.open(TRANSFER_CORPUS, "rt", encoding="utf-8") as handle:
         lines = handle.read().splitlines()
@@ -357,7 +358,7 @@ def test_ranked_unlabelled_text_keeps_the_share_the_teacher_scores_highest_in_th
 def test_ranking_enters_the_augmented_run_id_with_the_teacher_and_is_refused_where_it_cannot_run(tmp_path):
     from distill.job.pipeline import augmented_inputs
 
-    spec_config = with_overrides(load_config("ner_minilm"), {"task.data_dir": None})
+    spec_config = with_overrides(load_config("ner_minilm"), {"task.data_dir": None, "augment.unlabelled_ranked": None})
     ranked = with_overrides(spec_config, {"augment.unlabelled_ranked": 0.33})
     assert augmented_inputs(spec_config, "t1") == augmented_inputs(spec_config, "t2")  # no ranking: no teacher
     assert augmented_inputs(ranked, "t1") != augmented_inputs(ranked, "t2")
