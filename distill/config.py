@@ -227,8 +227,9 @@ class AugmentConfig:
     unlabelled_ranked: float | None = option(
         None, "with unlabelled: draw up to room / this many of the text's sentences, score them with the teacher and "
         "keep this share of them, those it ranks highest (the task type's transfer score; token classification: the "
-        "teacher's expected entity words, the sum of its probability of any tag but O over the words), instead of drawing the room full at random; fewer rows than the room when the "
-        "text holds fewer than room / this sentences", flag=False)
+        "teacher's expected entity words, the sum of its probability of any tag but O over the words), instead of "
+        "drawing the room full at random; fewer rows than the room when the text holds fewer than room / this "
+        "sentences", flag=False)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.enabled, bool) or self.enabled == "auto", "enabled",
