@@ -91,7 +91,7 @@ def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3,
     Raises:
         DataError: a file named does not exist, or the corpus is empty.
     """
-    from distill.tasks.words import split_words
+    from distill.tasks.words import joined_words, split_words
 
     rng = random.Random(f"{seed}:unlabelled")
     chosen: list[str] = []
@@ -102,7 +102,7 @@ def sample_lines(names: list[str], count: int, seed: int, min_words: int = 3,
         for row in _source_dataset(source, streaming=True, column="text"):
             line = " ".join(row["text"].split())
             words = split_words(line)
-            if len(words) < min_words or line in exclude or " ".join(line[a:b] for a, b in words) in exclude:
+            if len(words) < min_words or line in exclude or joined_words(line, words) in exclude:
                 continue
             if len(chosen) < count:
                 chosen.append(line)

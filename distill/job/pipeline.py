@@ -290,18 +290,18 @@ def num_unlabelled(train_data: datasets.Dataset) -> int:
 
 
 def dev_texts(data: datasets.DatasetDict, spec: TaskSpec) -> set[str]:
-    """The dev sets' texts, whitespace-normalised (a word list joined by spaces), each also as its words
-    (:func:`~distill.tasks.words.split_words`) joined by spaces: unlabelled text must not hold them, or the student
-    would be fitted to the teacher's outputs on the examples it is scored on (:func:`~distill.job.corpus.sample_lines`
+    """The dev sets' texts, whitespace-normalised (a word list joined by spaces), each also as its words joined by
+    spaces (:func:`~distill.tasks.words.joined_words`): unlabelled text must not hold them, or the student would be
+    fitted to the teacher's outputs on the examples it is scored on (:func:`~distill.job.corpus.sample_lines`
     compares a line in both forms, so a tweet tokenised in the dev file matches its untokenised copy)."""
-    from distill.tasks.words import split_words
+    from distill.tasks.words import joined_words
 
     texts = set()
     for split in spec.dev_splits:
         for column in spec.text_columns:
             for value in data[split][column]:
                 text = " ".join(value) if isinstance(value, list) else " ".join(str(value).split())
-                texts.update((text, " ".join(text[a:b] for a, b in split_words(text))))
+                texts.update((text, joined_words(text)))
     return texts
 
 

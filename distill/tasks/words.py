@@ -16,6 +16,12 @@ def split_words(text: str) -> list[tuple[int, int]]:
     return [match.span() for match in WORD_PATTERN.finditer(text)]
 
 
+def joined_words(text: str, spans: list[tuple[int, int]] | None = None) -> str:
+    """``text``'s words (:func:`split_words`, or ``spans`` already computed for it) joined by single spaces: the form
+    in which a sentence typed plainly (``Hello, world!``) equals its tokenised copy (``Hello , world !``)."""
+    return " ".join(text[start:end] for start, end in (split_words(text) if spans is None else spans))
+
+
 @dataclass(frozen=True)
 class TagMask:
     """A ``replaceable`` mask: the words whose tag id is in ``tag_ids`` may be replaced (picklable, so worker
