@@ -265,6 +265,26 @@ def test_the_shipped_pair_tinybert_recipe_is_the_measured_command():
         assert getattr(recipe, section) == getattr(pair, section), section
 
 
+def test_the_shipped_pair_pruned_recipe_is_the_measured_command():
+    """configs/pair_pruned.yaml is the pair recipe with the pruned 4-layer/312 student of the measured runs
+    (docs/results.md, "Pruned from the teacher" under the pair tasks), field for field, so the pair recipe's teacher,
+    masked LM and augmented set folders can be reused; the shape is reachable from the MiniLM-L6 teacher."""
+    import dataclasses
+
+    from distill.job.preflight import check_student_fits_teacher
+
+    recipe = load_config(ROOT / "configs/pair_pruned.yaml")
+    measured = load_config(ROOT / "configs/pair_minilm.yaml",
+                           {"student.preset": "tinybert-4l-312", "student.init": "pruned"})
+    assert recipe.output_dir == "runs/pair_pruned"
+    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
+    check_student_fits_teacher(recipe)
+    pair = load_config(ROOT / "configs/pair_minilm.yaml")
+    for section in ("task", "teacher", "mlm", "augment", "distill"):
+        assert getattr(recipe, section) == getattr(pair, section), section
+    assert recipe.student != pair.student
+
+
 @pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
                                             (".5", 0.5), ("2", 2.0), ("1.0e-4", 1e-4), ("1_000.5", 1000.5)])
 def test_a_float_field_takes_a_number_in_any_form_people_write(tmp_path, written, value):
