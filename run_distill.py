@@ -149,6 +149,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
     _common(sweep, "sweep_sst2.yaml")
+    sweep.add_argument("--dry-run", action="store_true", help="print the resolved config, what each shared stage and "
+                       "each student's stages would do (run, resume, reuse, replace, skip) with their run ids, and the "
+                       "task data read as the run reads it, then stop; nothing is written")
 
     bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
                                 "with int8 and ONNX Runtime variants")
@@ -428,23 +431,29 @@ def _command_line(prog: str) -> str:
     return " ".join([*program, *[shlex.quote(a) for a in sys.argv[1:]]])
 
 
+def _dry_run(config, plan) -> int:
+    """Print ``config`` as it would run here, ``plan(config)``'s rows and the task data as the run reads it."""
+    import yaml
+
+    from distill.config import to_dict
+    from distill.device import run_device
+    from distill.job.pipeline import data_preview, for_device, plan_markdown
+
+    # The config as it would run here: budget rules that depend on the device resolved (task.max_train_examples_cpu)
+    resolved = for_device(config, run_device())
+    print(yaml.safe_dump(to_dict(resolved), sort_keys=False).rstrip())
+    print()
+    print(plan_markdown(plan(config)))
+    print()
+    print(data_preview(resolved))  # read as the run reads it: what the run would refuse is refused here
+    return 0
+
+
 def run_pipeline_command(config, args) -> int:
-    from distill.job.pipeline import data_preview, for_device, plan_markdown, plan_pipeline, run_pipeline
+    from distill.job.pipeline import plan_pipeline, run_pipeline
 
     if getattr(args, "dry_run", False):
-        import yaml
-
-        from distill.config import to_dict
-        from distill.device import run_device
-
-        # The config as it would run here: budget rules that depend on the device resolved (task.max_train_examples_cpu)
-        resolved = for_device(config, run_device())
-        print(yaml.safe_dump(to_dict(resolved), sort_keys=False).rstrip())
-        print()
-        print(plan_markdown(plan_pipeline(config)))
-        print()
-        print(data_preview(resolved))  # read as the run reads it: what the run would refuse is refused here
-        return 0
+        return _dry_run(config, plan_pipeline)
 
     start = time.perf_counter()
     report = run_pipeline(config, command=_command_line(args.prog))
@@ -495,8 +504,10 @@ def run_distill_command(config, args) -> int:
 
 
 def run_sweep_command(config, args) -> int:
-    from distill.job.pipeline import run_sweep
+    from distill.job.pipeline import plan_sweep, run_sweep
 
+    if args.dry_run:
+        return _dry_run(config, plan_sweep)
     start = time.perf_counter()
     report = run_sweep(config)
     if report is None:  # another process of a multi-process launch: the main one benchmarks and prints

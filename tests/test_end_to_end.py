@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -175,9 +176,11 @@ def test_same_config_and_seed_give_the_same_student(smoke_run, tmp_path):
         assert first == (tmp_path / stage / "model.safetensors").read_bytes(), stage
 
 
-def test_sweep_distils_every_student_from_shared_stages_and_benchmarks_them(smoke_run, tmp_path):
+def test_sweep_distils_every_student_from_shared_stages_and_benchmarks_them(smoke_run, tmp_path, capsys):
     """`sweep` on the smoke run's teacher and augmented set: two students, then the benchmark over them and the
-    smoke run's own student (benchmark.students)."""
+    smoke run's own student (benchmark.students). Its dry run, before and after, plans what the run does: the copied
+    shared stages reused, each student's stages run in its own folder, then every stage reused."""
+    import run_distill
     import shutil
 
     out, _ = smoke_run
@@ -195,6 +198,22 @@ sweep:
     layer_map: [3, 6]
 """
     (tmp_path / "sweep.yaml").write_text(sweep)
+
+    def plan() -> dict[str, tuple[str, str]]:
+        capsys.readouterr()
+        assert run_distill.main(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--output-dir", str(tmp_path),
+                                 "--dry-run"]) == 0
+        table = capsys.readouterr().out.split("\n\n")[1].splitlines()[1:]
+        rows = [re.split(r"\s{2,}", line, maxsplit=3) for line in table]  # stage, action, run id, folder (note)
+        return {stage: (action, where.split(" (")[0]) for stage, action, _, where in rows}
+
+    before = plan()
+    assert {stage: before[stage][0] for stage in ("teacher", "mlm", "augmented", "teacher_logits")} == {
+        "teacher": "reuse", "mlm": "reuse", "augmented": "reuse", "teacher_logits": "reuse"}
+    for name in ("tiny-random", "tiny-teacher-init"):
+        for step in ("student_intermediate", "student"):
+            assert before[f"{name}: {step}"] == ("run", str(tmp_path / "students" / name / step))
+    assert before["benchmark"][0] == "run" and not (tmp_path / "students").exists()  # the plan wrote nothing
     result = _run("sweep", "--config", str(tmp_path / "sweep.yaml"), "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "=== stage: teacher" not in result.stderr  # the shared stages were reused, not redone
@@ -208,6 +227,13 @@ sweep:
         record = json.loads((tmp_path / "students" / name / "student" / "stage.json").read_text())
         assert rows[name]["accuracy"] == pytest.approx(record["dev"]["accuracy"])  # benchmark re-measured it
     assert (tmp_path / "benchmark" / "benchmark.png").exists() and "Traceback" not in result.stderr
+    after = plan()
+    assert {stage for stage, (action, _) in after.items() if action == "run"} == {"benchmark"}
+    assert after["teacher_logits"][0] == "reuse"
+    shutil.rmtree(tmp_path / "teacher_logits")  # every student finished: the shared logits are not needed
+    assert plan()["teacher_logits"] == ("skip", "(every student is finished; the teacher logits are not needed)")
+    assert all(after[f"{name}: {step}"][0] == "reuse" for name in ("tiny-random", "tiny-teacher-init")
+               for step in ("student_intermediate", "student"))
 
 
 def _readme_command(task: str) -> list[str]:

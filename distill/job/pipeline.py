@@ -954,9 +954,10 @@ def _pipeline(config: PipelineConfig, device: torch.device, command: str | None)
     return report
 
 
-def plan_pipeline(config: PipelineConfig) -> list[dict]:
+def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> list[dict]:
     """What :func:`run_pipeline` would do with ``config``, read from the output folder and the cache without changing
-    anything (``pipeline --dry-run``).
+    anything (``pipeline --dry-run``). ``student_dir``: where the student's own stages go (default the output folder;
+    a sweep's ``students/<name>``), as :func:`distill_stage` takes it.
 
     Returns:
         One row per stage, in order: ``stage``, ``folder``, ``run_id`` and ``action``: ``reuse`` (finished under this
@@ -969,6 +970,7 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
     config = for_device(config, run_device())
     preflight(config)
     out = Path(config.output_dir)
+    student_dir = student_dir or out
     rows: list[dict] = []
 
     def add(stage: str, folder: Path | None, run_id: str | None, why: str | None = None) -> str | None:
@@ -1009,7 +1011,7 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
         source_id = None
         teacher_config = _planned_teacher_config(config, out) if config.student.pruning.stages else None
         for number, shape in enumerate(stage_shapes(config.student, teacher_config) if teacher_config else [], 1):
-            stage, where = stage_config(config, shape), out / "pruning" / f"stage-{number}"
+            stage, where = stage_config(config, shape), student_dir / "pruning" / f"stage-{number}"
             pruned_id = STAGES["pruned"].run_id(stage, {"teacher": teacher_id})
             pruned_id = add(f"pruning stage {number}: pruned", where / "pruned",
                             pruned_id if source_id is None else fingerprint(pruned_id, source_id))
@@ -1021,28 +1023,60 @@ def plan_pipeline(config: PipelineConfig) -> list[dict]:
             source_id = add(f"pruning stage {number}: student", where / "student", STAGES["student"].run_id(
                 stage, {"student_intermediate": step_id, "teacher_logits": logits_id}))
         pruned_id = STAGES["pruned"].run_id(config, {"teacher": teacher_id})
-        general_id = add("pruned", out / "pruned", None if config.student.pruning.stages and teacher_config is None
+        general_id = add("pruned", student_dir / "pruned", None if config.student.pruning.stages and teacher_config is None
                          else pruned_id if source_id is None else fingerprint(pruned_id, source_id))
         if general_id is None:
             rows[-1]["note"] = "in stages, whose shapes are read against the teacher's config: not readable yet"
     if config.distill.teacher_cache is not None:
-        cache_id = _planned_cache_id(config, out, teacher_id, data_id)
-        add("teacher_outputs", out / "teacher_outputs", cache_id,
+        cache_id = _planned_cache_id(config, out, teacher_id, data_id, student_dir)
+        add("teacher_outputs", student_dir / "teacher_outputs", cache_id,
             None if cache_id else "no intermediate term, or the teacher's config cannot be read yet")
-    step1_id = add("student_intermediate", out / "student_intermediate", None if general_id is None else
+    step1_id = add("student_intermediate", student_dir / "student_intermediate", None if general_id is None else
                    STAGES["student_intermediate"].run_id(
                        config, {"teacher": teacher_id, "augmented": data_id, "general": general_id}))
     if step1_id and rows[-1]["action"] == "reuse" and rows[-2]["stage"] == "teacher_outputs" \
             and rows[-2]["action"] != "reuse":
         rows[-2].update(action="skip", why="the intermediate step is finished; its teacher outputs are not needed")
     add("teacher_logits", out / "teacher_logits", logits_id)
-    add("student", out / "student", None if step1_id is None else STAGES["student"].run_id(
+    add("student", student_dir / "student", None if step1_id is None else STAGES["student"].run_id(
         config, {"student_intermediate": step1_id, "teacher_logits": logits_id}))
     if rows[-1]["action"] == "reuse" and rows[-2]["action"] != "reuse":  # only the prediction step reads the cache
         rows[-2].update(action="skip", why="the student is finished; the teacher logits are not needed")
     add("report", None, None)
     add("export", None, None, None if config.export.onnx else "export.onnx is false")
     return rows
+
+
+def plan_sweep(config: PipelineConfig) -> list[dict]:
+    """What :func:`run_sweep` would do with ``config`` (``sweep --dry-run``), changing nothing: the shared stages
+    (teacher, masked LM, augmentation, teacher logits) once, then each entry's own stages in ``students/<name>/``
+    (their ``stage`` prefixed with the entry's name), then the benchmark. Rows as :func:`plan_pipeline`'s; the teacher
+    logits are skipped only when every student is finished.
+
+    Raises:
+        ConfigError: no ``sweep:`` list; and what :func:`distill.job.preflight.preflight` refuses for an entry (named).
+    """
+    if not config.sweep:
+        raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
+    out = Path(config.output_dir)
+    shared, logits, students = [], [], []
+    for entry in config.sweep:
+        distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
+        entry_config = dataclasses.replace(config, student=entry.student, distill=distill)
+        try:
+            rows = plan_pipeline(entry_config, student_dir=out / "students" / entry.name)
+        except ConfigError as error:
+            raise ConfigError(f"sweep entry {entry.name!r}: {error}") from None
+        split = next(index for index, row in enumerate(rows) if row["stage"] == "general")
+        shared = shared or rows[:split]
+        own = [row for row in rows[split:] if row["stage"] not in ("report", "export")]
+        logits.append(next(row for row in own if row["stage"] == "teacher_logits"))
+        students += [{**row, "stage": f"{entry.name}: {row['stage']}"} for row in own if row is not logits[-1]]
+    needed = [row for row in logits if row["action"] != "skip"]  # a student still to train reads them
+    logits = needed[0] if needed else {**logits[0], "why": "every student is finished; the teacher logits are not "
+                                                           "needed"}
+    benchmark = {"stage": "benchmark", "folder": str(out / "benchmark"), "run_id": None, "action": "run"}
+    return [*shared, logits, *students, benchmark]
 
 
 def _planned_teacher_config(config: PipelineConfig, out: Path):
@@ -1056,7 +1090,8 @@ def _planned_teacher_config(config: PipelineConfig, out: Path):
         return None
 
 
-def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_id: str) -> str | None:
+def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_id: str,
+                      student_dir: Path | None = None) -> str | None:
     """The teacher-output cache's run id as the pipeline will compute it, or None when there is no intermediate term
     or the teacher's config cannot be read (a hub teacher offline, before the teacher stage ran)."""
     terms = intermediate_terms(config.distill.weights)
@@ -1072,7 +1107,7 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
     layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)
     if config.student.init == "pruned" and (config.student.pruning.layers == "importance"
                                             or config.student.pruning.stages):
-        pruned = out / "pruned" / "stage.json"  # the layers the pruning stage chose (through its stages), once it ran
+        pruned = (student_dir or out) / "pruned" / "stage.json"  # the layers the pruning stage chose (through its stages), once it ran
         if not pruned.is_file():
             return None
         layer_map = json.loads(pruned.read_text(encoding="utf-8"))["layer_map"]
