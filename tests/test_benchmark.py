@@ -155,6 +155,33 @@ def test_table_csv_json_and_plot_are_written(bench):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_the_plot_labels_each_model_once_and_draws_95_percent_of_the_teacher():
+    """Variants share their model's colour and label; the dotted line sits at 95% of the teacher's metric, drawn only
+    when a point is at or below it."""
+    import matplotlib.pyplot as plt
+
+    from distill.publish.benchmark import plot_figure
+
+    def row(model, variant, latency, accuracy):
+        return {"name": model if variant == "pytorch" else f"{model} ({variant})", "model": model, "variant": variant,
+                "latency_ms": {"b32_t64": latency}, "accuracy": accuracy, "num_parameters": 1000}
+
+    setup = {"metric": "accuracy", "throughput_at": "b32_t64", "num_threads": 2, "task": "sst2"}
+    rows = [row("teacher", "pytorch", 200.0, 0.90), row("teacher", "int8", 110.0, 0.88),
+            row("small", "pytorch", 30.0, 0.84), row("small", "int8", 20.0, 0.83), row("small", "onnx", 25.0, 0.84)]
+    figure = plot_figure({"setup": setup, "rows": rows})
+    axes = figure.axes[0]
+    assert sorted(text.get_text() for text in axes.texts) == ["small", "teacher"]
+    colours = [tuple(collection.get_facecolor()[0][:3]) for collection in axes.collections[:len(rows)]]
+    assert colours[0] == colours[1] and colours[2] == colours[3] == colours[4] != colours[0]
+    (line,) = [line for line in axes.lines if line.get_label() == "95% of the teacher"]
+    assert line.get_ydata()[0] == pytest.approx(0.95 * 0.90)
+    plt.close(figure)
+    near = plot_figure({"setup": setup, "rows": rows[:2]})  # 0.88 > 0.855: no point reaches the line
+    assert not [line for line in near.axes[0].lines if line.get_label() == "95% of the teacher"]
+    plt.close(near)
+
+
 def test_pareto_front_keeps_the_points_nothing_beats():
     # (latency, metric): b is beaten by a (slower and worse), d by c.
     points = [(10.0, 0.9), (20.0, 0.85), (30.0, 0.95), (40.0, 0.94), (5.0, 0.7)]

@@ -418,7 +418,17 @@ def _spread_cell(row: dict, limit: float) -> str:
 
 def plot(report: dict, path: Path) -> None:
     """Metric against latency (log scale) at the throughput setting, marker area by parameters, Pareto frontier
-    drawn, teacher marked."""
+    drawn, teacher marked, a dotted line at 95% of the teacher's metric (the retained share the TinyBERT paper's
+    4-layer student comes near, 96.8%). One colour and one label a model; the marker says the variant."""
+    import matplotlib.pyplot as plt
+
+    figure = plot_figure(report)
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_figure(report: dict):
+    """:func:`plot`'s matplotlib figure (Agg backend), unsaved; the caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -434,13 +444,20 @@ def plot(report: dict, path: Path) -> None:
     for variant in dict.fromkeys(row["variant"] for row in rows):  # accelerator rows: "cuda", "cuda-fp16"
         markers.setdefault(variant, "X" if variant.endswith("fp16") else "P")
     colours = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(row["model"] for row in rows))}
+    labelled = set()
     for index, (row, (x, y)) in enumerate(zip(rows, points)):
         area = 40 + 400 * row["num_parameters"] / largest
         teacher = index == 0
         axes.scatter(x, y, s=area * (2 if teacher else 1), marker="*" if teacher else markers[row["variant"]],
                      color=colours[row["model"]], alpha=0.8, edgecolors="black", linewidths=0.6, zorder=3)
-        axes.annotate(row["name"], (x, y), textcoords="offset points", xytext=(7, 6 if index % 2 else -11),
-                      fontsize=7)
+        if row["model"] not in labelled:  # its other variants share its colour
+            axes.annotate(row["model"], (x, y), textcoords="offset points", fontsize=7, zorder=4,
+                          xytext=(7, 6 if len(labelled) % 2 else -11),
+                          bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.7, "linewidth": 0})
+            labelled.add(row["model"])
+    reference = 0.95 * points[0][1]
+    if min(y for _, y in points) <= reference:
+        axes.axhline(reference, linestyle=":", color="black", linewidth=0.8, zorder=1, label="95% of the teacher")
     front = pareto_front(points)
     axes.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey", zorder=2,
               label="Pareto frontier")
@@ -455,9 +472,8 @@ def plot(report: dict, path: Path) -> None:
     batch, length = key[1:].split("_t")
     axes.set_xlabel(f"latency (ms, batch {batch}, length {length}, {setup['num_threads']} CPU threads; log scale)")
     axes.set_ylabel(f"{setup['task']} dev {metric}")
-    axes.set_title("Size / speed / accuracy (marker area: parameters)")
+    axes.set_title("Size / speed / accuracy (colour: model; marker: variant; area: parameters)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    return figure
