@@ -804,11 +804,9 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
     device = device if device is not None else run_device()
     config = for_device(config, device)
-    entries = {}
-    for entry in config.sweep:
-        distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
-        entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
-        preflight(entries[entry.name])
+    entries = sweep_entries(config)
+    for entry_config in entries.values():
+        preflight(entry_config)
     for extra in config.benchmark.students:  # a wrong path is an error now, not after every student has trained
         try:
             resolve_model_folder(Path(extra), "student")
@@ -816,6 +814,15 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
             raise DataError(f"benchmark.students: {error}") from None
     with output_lock(Path(config.output_dir)):
         return _sweep(config, entries, device)
+
+
+def sweep_entries(config: PipelineConfig) -> dict[str, PipelineConfig]:
+    """Each ``sweep:`` entry's job by name: ``config`` with the entry's student and, when it names one, its layer map."""
+    entries = {}
+    for entry in config.sweep:
+        distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
+        entries[entry.name] = dataclasses.replace(config, student=entry.student, distill=distill)
+    return entries
 
 
 def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict | None:
@@ -1060,18 +1067,16 @@ def plan_sweep(config: PipelineConfig) -> list[dict]:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
     out = Path(config.output_dir)
     shared, logits, students = [], [], []
-    for entry in config.sweep:
-        distill = dataclasses.replace(config.distill, layer_map=entry.layer_map or config.distill.layer_map)
-        entry_config = dataclasses.replace(config, student=entry.student, distill=distill)
+    for name, entry_config in sweep_entries(config).items():
         try:
-            rows = plan_pipeline(entry_config, student_dir=out / "students" / entry.name)
+            rows = plan_pipeline(entry_config, student_dir=out / "students" / name)
         except ConfigError as error:
-            raise ConfigError(f"sweep entry {entry.name!r}: {error}") from None
+            raise ConfigError(f"sweep entry {name!r}: {error}") from None
         split = next(index for index, row in enumerate(rows) if row["stage"] == "general")
         shared = shared or rows[:split]
         own = [row for row in rows[split:] if row["stage"] not in ("report", "export")]
         logits.append(next(row for row in own if row["stage"] == "teacher_logits"))
-        students += [{**row, "stage": f"{entry.name}: {row['stage']}"} for row in own if row is not logits[-1]]
+        students += [{**row, "stage": f"{name}: {row['stage']}"} for row in own if row is not logits[-1]]
     needed = [row for row in logits if row["action"] != "skip"]  # a student still to train reads them
     logits = needed[0] if needed else {**logits[0], "why": "every student is finished; the teacher logits are not "
                                                            "needed"}
@@ -1091,7 +1096,7 @@ def _planned_teacher_config(config: PipelineConfig, out: Path):
 
 
 def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_id: str,
-                      student_dir: Path | None = None) -> str | None:
+                      student_dir: Path) -> str | None:
     """The teacher-output cache's run id as the pipeline will compute it, or None when there is no intermediate term
     or the teacher's config cannot be read (a hub teacher offline, before the teacher stage ran)."""
     terms = intermediate_terms(config.distill.weights)
@@ -1107,7 +1112,7 @@ def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_i
     layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)
     if config.student.init == "pruned" and (config.student.pruning.layers == "importance"
                                             or config.student.pruning.stages):
-        pruned = (student_dir or out) / "pruned" / "stage.json"  # the layers the pruning stage chose (through its stages), once it ran
+        pruned = student_dir / "pruned" / "stage.json"  # the layers the pruning stage chose (its stages too), once run
         if not pruned.is_file():
             return None
         layer_map = json.loads(pruned.read_text(encoding="utf-8"))["layer_map"]
