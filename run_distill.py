@@ -2,7 +2,7 @@
 
     python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
                                      [--student DIR]
-    python run_distill.py seeds      [--seeds 42 43 44] [pipeline's flags but --push-to-hub and --dry-run]
+    python run_distill.py seeds      [--seeds 42 43 44] [pipeline's flags but --push-to-hub]
     python run_distill.py distill --stage general [--teacher ENCODER] [--corpus FILE|HUB ...] [--max-steps N]
                                      [--streaming] [--output-dir DIR]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
@@ -145,6 +145,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     seeds.add_argument("--teacher", help="fine-tuned model with the task's head (hub name or folder); default: fine-tune one "
                        "per seed")
     seeds.add_argument("--student", help="start every student from this checkpoint (overrides student.model)")
+    seeds.add_argument("--dry-run", action="store_true", help="print the resolved config, what each seed's stages "
+                       "would do (run, resume, reuse, replace, skip) with their run ids, and the task data read as the "
+                       "run reads it, then stop; nothing is written")
 
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
@@ -465,8 +468,10 @@ def run_pipeline_command(config, args) -> int:
 
 def run_seeds_command(config, args) -> int:
     from distill.method.checkpoint import is_main_process
-    from distill.job.seeds import SeedsFailedError, run_seeds
+    from distill.job.seeds import SeedsFailedError, plan_seeds, run_seeds
 
+    if args.dry_run:
+        return _dry_run(config, lambda config: plan_seeds(config, args.seeds))
     start = time.perf_counter()
     out = Path(config.output_dir)
     try:

@@ -16,7 +16,7 @@ from transformers import BertTokenizer
 import run_distill
 from distill.config import load_config
 from distill.publish.report import CHANCE_MARGIN
-from distill.job.seeds import SEEDED_SECTIONS, run_seeds, seeds_markdown, summarize
+from distill.job.seeds import SEEDED_SECTIONS, plan_seeds, run_seeds, seeds_markdown, summarize
 from tests.conftest import SPECIAL, WORDS, tiny_job_every_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,8 +96,21 @@ def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
     job["export"] = {"onnx": False}
     yaml.safe_dump(job, open(path, "w"))
     config = load_config(path)
-    summary = run_seeds(config, [7, 8])
     out = tmp_path / "run"
+    # The dry run: every stage of both seeds to run, the general stage made by the first seed and reused by the second.
+    plan = {row["stage"]: row for row in plan_seeds(config, [7, 8])}
+    assert plan["seed 7: general"]["action"] == "run" and plan["seed 8: general"]["action"] == "reuse"
+    assert plan["seed 8: general"]["note"] == "made by seed 7's run"
+    assert plan["seed 7: general"]["run_id"] == plan["seed 8: general"]["run_id"]
+    assert plan["seed 7: teacher"]["run_id"] != plan["seed 8: teacher"]["run_id"]  # seeded: another teacher
+    assert plan["summary"]["folder"] == str(out / "seeds.md") and not out.exists()  # nothing written
+    summary = run_seeds(config, [7, 8])
+    # Afterwards the dry run finds both seeds finished (under the run ids it planned) and a third seed to run.
+    again = {row["stage"]: row for row in plan_seeds(config, [7, 8, 9])}
+    for stage, row in plan.items():
+        if row["run_id"] is not None and row["action"] != "skip":
+            assert again[stage]["action"] == "reuse" and again[stage]["run_id"] == row["run_id"], stage
+    assert again["seed 9: teacher"]["action"] == "run" and again["seed 9: general"]["action"] == "reuse"
     records = {}
     for seed in (7, 8):
         run = out / f"seed-{seed}"
@@ -138,6 +151,7 @@ def test_every_run_is_seeded_throughout_and_shares_one_general_stage(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [(["--seeds", "1", "1"], "distinct seeds"),
+                                           (["--seeds", "1", "1", "--dry-run"], "distinct seeds"),
                                            (["--set", "export.push_to_hub=me/student"], "one student per seed")])
 def test_a_bad_seeds_run_is_refused_before_anything_runs(tmp_path, capsys, flags, message):
     code = run_distill.main(["seeds", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir",

@@ -21,7 +21,7 @@ import torch
 from distill.method.checkpoint import is_main_process, output_lock, write_json_atomic
 from distill.tasks import summary_metrics
 from distill.config import ConfigError, PipelineConfig, with_overrides
-from distill.job.pipeline import run_pipeline
+from distill.job.pipeline import plan_pipeline, run_pipeline
 from distill.job.processes import several_processes
 from distill.publish.report import task_seconds
 
@@ -44,6 +44,42 @@ def seeded(config: PipelineConfig, seed: int, output_dir: Path) -> PipelineConfi
                           "--config DIR/seed-N/config.json --push-to-hub REPO` (its finished stages are reused)")
     return with_overrides(config, {**{f"{section}.seed": seed for section in SEEDED_SECTIONS},
                                    "output_dir": str(output_dir)})
+
+
+def seed_configs(config: PipelineConfig, seeds: list[int]) -> dict[int, PipelineConfig]:
+    """Each seed's job (:func:`seeded`), in ``<output_dir>/seed-<seed>``, in the order given.
+
+    Raises:
+        ConfigError: no seed, a seed given twice, or what :func:`seeded` refuses.
+    """
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds: give distinct seeds, e.g. 42 43 44 (got {seeds})")
+    base = Path(config.output_dir)
+    return {seed: seeded(config, seed, base / f"seed-{seed}") for seed in seeds}
+
+
+def plan_seeds(config: PipelineConfig, seeds: list[int]) -> list[dict]:
+    """What :func:`run_seeds` would do (``seeds --dry-run``), changing nothing: each seed's
+    :func:`distill.job.pipeline.plan_pipeline` rows, their ``stage`` prefixed ``seed N:``, then the summary.
+
+    The general stage, made once and shared: when the first seed that needs it would make it, the later seeds' rows
+    say ``reuse``, naming that seed.
+
+    Raises:
+        ConfigError: as :func:`seed_configs`; ConfigError, ModelError: what preflight refuses for a seed's job.
+    """
+    rows, general_made_by = [], {}
+    for seed, run_config in seed_configs(config, seeds).items():
+        for row in plan_pipeline(run_config):
+            if row["stage"] == "general" and row["action"] in ("run", "resume", "replace"):
+                if row["run_id"] in general_made_by:
+                    row = {**row, "action": "reuse", "note": f"made by seed {general_made_by[row['run_id']]}'s run"}
+                else:
+                    general_made_by[row["run_id"]] = seed
+            rows.append({**row, "stage": f"seed {seed}: {row['stage']}"})
+    rows.append({"stage": "summary", "folder": str(Path(config.output_dir) / "seeds.md"), "run_id": None,
+                 "action": "run"})
+    return rows
 
 
 def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | None = None,
@@ -70,10 +106,8 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
         SeedsFailedError: after the other seeds ran and the summary of those that finished was written, when at least
             one seed's run failed. ``KeyboardInterrupt`` stops the whole command at once (finished stages kept).
     """
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"seeds: give distinct seeds, e.g. 42 43 44 (got {seeds})")
     base = Path(config.output_dir)
-    configs = {seed: seeded(config, seed, base / f"seed-{seed}") for seed in seeds}  # every check before any run
+    configs = seed_configs(config, seeds)  # every check before any run
     reports, failed = {}, {}
     with output_lock(base, command):  # each seed's own folder is locked by its pipeline
         for number, (seed, run_config) in enumerate(configs.items(), 1):
