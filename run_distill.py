@@ -471,7 +471,8 @@ def run_seeds_command(config, args) -> int:
     from distill.job.seeds import SeedsFailedError, plan_seeds, run_seeds
 
     if args.dry_run:
-        return _dry_run(config, lambda config: plan_seeds(config, args.seeds))
+        rows = plan_seeds(config, args.seeds)  # a bad seed list is refused before the config is printed
+        return _dry_run(config, lambda _: rows)
     start = time.perf_counter()
     out = Path(config.output_dir)
     try:

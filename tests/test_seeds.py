@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -158,6 +159,18 @@ def test_a_bad_seeds_run_is_refused_before_anything_runs(tmp_path, capsys, flags
                              str(tmp_path / "x"), *flags])
     assert code == 2 and message in capsys.readouterr().err
     assert not list((tmp_path / "x").glob("seed-*"))
+
+
+def test_the_dry_run_prints_each_seeds_stages_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "x"
+    code = run_distill.main(["seeds", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(out),
+                             "--seeds", "1", "2", "--dry-run"])
+    printed = capsys.readouterr().out
+    assert code == 0 and not out.exists()
+    for seed in (1, 2):
+        assert re.search(rf"^seed {seed}: teacher +run +[0-9a-f]{{16}} +{re.escape(str(out / f'seed-{seed}'))}",
+                         printed, re.M), printed
+    assert re.search(rf"^summary +run +- +{re.escape(str(out / 'seeds.md'))}$", printed, re.M)
 
 
 def test_under_a_multi_process_launch_a_failing_seed_stops_the_command(tmp_path, monkeypatch):
