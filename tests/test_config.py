@@ -285,6 +285,29 @@ def test_the_shipped_pair_pruned_recipe_is_the_measured_command():
     assert recipe.student != pair.student
 
 
+def test_the_shipped_squad_pruned_recipe_is_the_measured_command():
+    """configs/squad_pruned.yaml is the QA recipe with the pruned 4-layer/312 reader of the measured runs
+    (docs/results.md, "The 4-layer/312 reader": `--set student.preset=tinybert-4l-312 --set student.init=pruned --set
+    distill.prediction.num_epochs=2`), field for field, so those runs' teacher folders are this config's (the same
+    run ids); the shape is reachable from the MiniLM-L6 teacher."""
+    import dataclasses
+
+    from distill.job.preflight import check_student_fits_teacher
+    from distill.job.stages import STAGES
+
+    recipe = load_config(ROOT / "configs/squad_pruned.yaml")
+    measured = load_config(ROOT / "configs/squad_minilm.yaml", {
+        "student.preset": "tinybert-4l-312", "student.init": "pruned", "distill.prediction.num_epochs": 2})
+    assert recipe.output_dir == "runs/squad_pruned"
+    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
+    check_student_fits_teacher(recipe)
+    squad = load_config(ROOT / "configs/squad_minilm.yaml")
+    for section in ("task", "teacher", "augment", "general", "report"):
+        assert getattr(recipe, section) == getattr(squad, section), section
+    assert STAGES["teacher"].run_id(recipe, {}) == STAGES["teacher"].run_id(squad, {})
+    assert recipe.distill.prediction.num_epochs == 2 != squad.distill.prediction.num_epochs
+
+
 @pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
                                             (".5", 0.5), ("2", 2.0), ("1.0e-4", 1e-4), ("1_000.5", 1000.5)])
 def test_a_float_field_takes_a_number_in_any_form_people_write(tmp_path, written, value):
