@@ -225,20 +225,26 @@ def test_every_shipped_config_that_augments_bounds_its_masked_lm_work(path):
         assert config.augment.max_mlm_words is not None and config.augment.max_mlm_words <= 9_000_000
 
 
+def _recipe_of_the_measured_command(name: str, base: str, overrides: dict, **kwargs):
+    """The shipped ``configs/<name>.yaml``, asserted equal field for field to ``configs/<base>.yaml`` with the measured
+    command's ``--set`` values (``overrides``), its output folder ``runs/<name>`` aside; returned with the base."""
+    import dataclasses
+
+    recipe = load_config(ROOT / f"configs/{name}.yaml")
+    measured = load_config(ROOT / f"configs/{base}.yaml", overrides, **kwargs)
+    assert recipe.output_dir == f"runs/{name}"
+    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
+    return recipe, load_config(ROOT / f"configs/{base}.yaml")
+
+
 def test_the_shipped_tinybert_recipe_is_the_measured_command():
     """configs/sst2_tinybert.yaml is the default job with the five settings of the measured 4-layer/312 recipe
     (docs/results.md) and the augmented set it was measured on (the first 1,000 examples, 20 copies), field for
     field: its stages reuse the default job's teacher and masked LM."""
-    import dataclasses
-
-    recipe = load_config(ROOT / "configs/sst2_tinybert.yaml")
-    measured = load_config(ROOT / "configs/sst2_minilm.yaml", {
+    recipe, default = _recipe_of_the_measured_command("sst2_tinybert", "sst2_minilm", {
         "student.preset": "tinybert-4l-312", "student.init": "teacher_embeddings", "distill.teacher_cache": "float16",
         "distill.intermediate.num_epochs": 10, "distill.prediction.num_epochs": 3,
         "augment.num_copies": 20, "augment.max_examples": 1000, "augment.max_rows": None}, ignore_none=False)
-    assert recipe.output_dir == "runs/sst2_tinybert"
-    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
-    default = load_config(ROOT / "configs/sst2_minilm.yaml")
     for section in ("task", "teacher", "mlm"):
         assert getattr(recipe, section) == getattr(default, section), section
 
@@ -247,20 +253,14 @@ def test_the_shipped_pair_tinybert_recipe_is_the_measured_command():
     """configs/pair_tinybert.yaml is the pair recipe with the six settings of the measured 4-layer/312 pair runs
     (docs/results.md, "The 4-layer/312 recipe on pairs"), field for field, and its general stage is the one those
     runs made: its teacher, masked LM and augmented set are the pair recipe's, so their folders can be reused."""
-    import dataclasses
-
     from distill.job.general import general_config
     from distill.job.preflight import check_student_fits_teacher
 
-    recipe = load_config(ROOT / "configs/pair_tinybert.yaml")
-    measured = load_config(ROOT / "configs/pair_minilm.yaml", {
+    recipe, pair = _recipe_of_the_measured_command("pair_tinybert", "pair_minilm", {
         "student.preset": "tinybert-4l-312", "student.init": "teacher_embeddings", "general.enabled": True,
         "distill.teacher_cache": "float16", "distill.intermediate.num_epochs": 10, "distill.prediction.num_epochs": 3})
-    assert recipe.output_dir == "runs/pair_tinybert"
-    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
     check_student_fits_teacher(recipe)
     assert recipe.general.enabled and general_config(recipe).student.preset == "tinybert-4l-312"
-    pair = load_config(ROOT / "configs/pair_minilm.yaml")
     for section in ("task", "teacher", "mlm", "augment"):
         assert getattr(recipe, section) == getattr(pair, section), section
 
@@ -269,17 +269,11 @@ def test_the_shipped_pair_pruned_recipe_is_the_measured_command():
     """configs/pair_pruned.yaml is the pair recipe with the pruned 4-layer/312 student of the measured runs
     (docs/results.md, "Pruned from the teacher" under the pair tasks), field for field, so the pair recipe's teacher,
     masked LM and augmented set folders can be reused; the shape is reachable from the MiniLM-L6 teacher."""
-    import dataclasses
-
     from distill.job.preflight import check_student_fits_teacher
 
-    recipe = load_config(ROOT / "configs/pair_pruned.yaml")
-    measured = load_config(ROOT / "configs/pair_minilm.yaml",
-                           {"student.preset": "tinybert-4l-312", "student.init": "pruned"})
-    assert recipe.output_dir == "runs/pair_pruned"
-    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
+    recipe, pair = _recipe_of_the_measured_command("pair_pruned", "pair_minilm",
+                                                   {"student.preset": "tinybert-4l-312", "student.init": "pruned"})
     check_student_fits_teacher(recipe)
-    pair = load_config(ROOT / "configs/pair_minilm.yaml")
     for section in ("task", "teacher", "mlm", "augment", "distill"):
         assert getattr(recipe, section) == getattr(pair, section), section
     assert recipe.student != pair.student
@@ -290,18 +284,12 @@ def test_the_shipped_squad_pruned_recipe_is_the_measured_command():
     (docs/results.md, "The 4-layer/312 reader": `--set student.preset=tinybert-4l-312 --set student.init=pruned --set
     distill.prediction.num_epochs=2`), field for field, so those runs' teacher folders are this config's (the same
     run ids); the shape is reachable from the MiniLM-L6 teacher."""
-    import dataclasses
-
     from distill.job.preflight import check_student_fits_teacher
     from distill.job.stages import STAGES
 
-    recipe = load_config(ROOT / "configs/squad_pruned.yaml")
-    measured = load_config(ROOT / "configs/squad_minilm.yaml", {
+    recipe, squad = _recipe_of_the_measured_command("squad_pruned", "squad_minilm", {
         "student.preset": "tinybert-4l-312", "student.init": "pruned", "distill.prediction.num_epochs": 2})
-    assert recipe.output_dir == "runs/squad_pruned"
-    assert dataclasses.asdict(recipe) == dataclasses.asdict(dataclasses.replace(measured, output_dir=recipe.output_dir))
     check_student_fits_teacher(recipe)
-    squad = load_config(ROOT / "configs/squad_minilm.yaml")
     for section in ("task", "teacher", "augment", "general", "report"):
         assert getattr(recipe, section) == getattr(squad, section), section
     assert STAGES["teacher"].run_id(recipe, {}) == STAGES["teacher"].run_id(squad, {})
