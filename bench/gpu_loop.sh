@@ -2,7 +2,8 @@
 # The GPU measurement of the training loop, prepared to run in one go (under 10 minutes) on a fresh machine with one
 # CUDA GPU: the BERT-base-shaped teacher (12 layers, 768; random weights from a config, no download) and the
 # 4-layer/312 student, the intermediate step, batches padded to length 128, at batch 32 and 256 in fp32, bf16 and
-# fp16, then bf16 at batch 256 with the student compiled.
+# fp16, then bf16 at batch 256 and 32 collated in two worker processes, then bf16 at batch 256 with the student
+# compiled.
 #
 # On a machine without this project's packages, first run `bash bench/prepare_device.sh` where pip reaches the
 # registry: it writes bench/device/ (git-ignored; wheels of the versions installed here and the MiniLM tokenizer's
@@ -81,6 +82,9 @@ run 80 --batch-size 32 --mixed-precision fp16 --steps 100 --warmup 10
 run 120 --batch-size 256 --mixed-precision no --steps 40 --warmup 5
 run 90 --batch-size 256 --mixed-precision bf16 --steps 80 --warmup 5
 run 90 --batch-size 256 --mixed-precision fp16 --steps 80 --warmup 5
+# The same in bf16 with collation in two worker processes instead of the prefetch thread (TrainConfig.num_workers)
+run 90 --batch-size 256 --mixed-precision bf16 --steps 80 --warmup 5 --num-workers 2
+run 80 --batch-size 32 --mixed-precision bf16 --steps 100 --warmup 10 --num-workers 2
 REPEATS=2 run 180 --batch-size 256 --mixed-precision bf16 --steps 80 --warmup 5 --compile
 rm -f "$log"
 echo "done in $((SECONDS - started)) s; results in $out, logs in $biglog"

@@ -8,6 +8,7 @@ download): by default a tiny pair (teacher 4 layers of 128, student 2 of 64), th
 - ``loop``: :func:`distill.method.trainer.train` as the distillation steps run it (batches collated from the dataset ahead
   of the step by its prefetch thread, moved to the device, the loss checks, logging, the progress bar, the scheduler);
   ``loop_inline``: the same with collation in the training thread (``prefetch=False``), what the prefetch hides.
+  ``--num-workers N``: the loop collates in N DataLoader worker processes instead of the thread.
   Two runs of ``--warmup`` and ``--warmup`` + ``--steps`` steps in fresh folders; the per-step time is their
   difference over ``--steps``, so the set-up and the final checkpoint, which both runs pay, drop out.
 - ``model_work``: the same batches, collated beforehand and already on the device, through the same objective's
@@ -25,7 +26,7 @@ of timed steps (the driver's window is up to 1 s). ``--pad-to-max-length`` pads 
 
 Usage: python bench/loop_overhead.py [--shape tiny|bert-base] [--batch-size 32] [--max-seq-length 128]
        [--steps 40] [--warmup 5] [--repeats 3] [--threads N] [--device cpu|cuda] [--mixed-precision no|bf16|fp16]
-       [--compile] [--pad-to-max-length] [--tokenizer DIR] [--no-inline]
+       [--compile] [--pad-to-max-length] [--tokenizer DIR] [--no-inline] [--num-workers N]
 The last line printed is a JSON object with every number.
 """
 
@@ -167,7 +168,8 @@ def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefet
     seconds, gpus = [], []
     for steps in ((args.warmup,) if args.compile else ()) + (args.warmup, args.warmup + args.steps):  # compile once
         config = TrainConfig(max_steps=steps, batch_size=args.batch_size, learning_rate=1e-4, save_steps=10**6,
-                             log_steps=10, seed=0, mixed_precision=args.mixed_precision)
+                             log_steps=10, seed=0, mixed_precision=args.mixed_precision,
+                             num_workers=args.num_workers)
         with tempfile.TemporaryDirectory() as folder:
             target = objective(args, vocab_size)
             synchronize(device)
@@ -257,6 +259,8 @@ def main() -> None:
     parser.add_argument("--pad-to-max-length", action="store_true", help="pad every batch to --max-seq-length")
     parser.add_argument("--tokenizer", default="minilm", help="tokenizer folder (default: the bundled MiniLM's; a "
                         "folder of its tokenizer files where the package is not installed)")
+    parser.add_argument("--num-workers", type=int, default=0, help="the loop collates in this many DataLoader "
+                        "worker processes (TrainConfig.num_workers) instead of its background thread")
     parser.add_argument("--no-inline", action="store_true", help="skip the loop with collation in the training "
                         "thread (loop_inline_ms), to save time where the prefetch is not in question")
     args = parser.parse_args()
@@ -306,6 +310,7 @@ def main() -> None:
              "model work" if "gpu_util_loop" in summary else ""))
     print(json.dumps({"shape": args.shape, "device": str(device), "mixed_precision": args.mixed_precision,
                       "compile": args.compile, "pad_to_max_length": args.pad_to_max_length,
+                      "num_workers": args.num_workers,
                       "batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
                       "threads": torch.get_num_threads(), "repeats": rows, "median": summary}))
 

@@ -68,9 +68,14 @@ class TrainConfig:
     mixed_precision: str = "no"  # "no", "bf16" or "fp16" (accelerate)
     seed: int = 42  # data order, dropout and initialisation
     group_by_length: bool = False  # batches of examples of similar length (less padding, same examples per epoch)
+    # Processes that collate the batches (torch DataLoader workers: no share of the training process's interpreter
+    # lock, which launches the step's kernels); 0: a background thread of the training process. Same batches either
+    # way. A collate function that draws from the global RNG (the masked LM's) collates in the training process.
+    num_workers: int = 0
 
     def __post_init__(self) -> None:
         _check(self.num_epochs > 0, "num_epochs", f"must be > 0, got {self.num_epochs}")
+        _check(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
         _check(self.max_steps is None or self.max_steps > 0, "max_steps", f"must be > 0, got {self.max_steps}")
         _check(self.min_steps is None or self.min_steps > 0, "min_steps", f"must be > 0, got {self.min_steps}")
         _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
@@ -769,7 +774,7 @@ def _get(data: dict, dotted: str) -> Any:
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
                   "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}, "options": {},
-                  "stages": [], "unlabelled_ranked": None}
+                  "stages": [], "unlabelled_ranked": None, "num_workers": 0}
 
 
 def _added_default(key: Any, value: Any) -> bool:

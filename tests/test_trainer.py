@@ -644,6 +644,25 @@ def test_prefetching_changes_no_number(tmp_path, tiny_tokenizer):
         assert torch.equal(a, b), name
 
 
+def test_collating_in_worker_processes_changes_no_number(tmp_path, tiny_tokenizer):
+    """``num_workers``: batches collated in DataLoader worker processes are the same batches in the same order, over
+    an epoch boundary, and creating the workers draws nothing from the global RNG (dropout's): the trained weights
+    are bit-identical to collating in the background thread, and the run id is that of a run without the setting."""
+    from distill.config import fingerprint
+
+    config = TrainConfig(max_steps=9, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=3)
+    assert len(_data()) < 9 * 5  # more than one epoch
+    workers = dataclasses.replace(config, num_workers=2)
+    threaded, processes = _distill_objective(), _distill_objective()
+    train(threaded, _data(), _Pad(tiny_tokenizer), config, tmp_path / "a", "run", prefetch=True)
+    train(processes, _data(), _Pad(tiny_tokenizer), workers, tmp_path / "b", "run", prefetch=True)
+    for (name, a), (_, b) in zip(threaded.trainable.state_dict().items(), processes.trainable.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert fingerprint(config) == fingerprint(dataclasses.replace(config, num_workers=0)) != fingerprint(workers)
+    with pytest.raises(ConfigError, match="num_workers"):
+        TrainConfig(num_workers=-1)
+
+
 def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(tmp_path, tiny_tokenizer,
                                                                               monkeypatch):
     """On an accelerator the terms are read every ``log_steps`` steps (one host synchronisation, not one a step): a

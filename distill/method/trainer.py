@@ -258,9 +258,10 @@ def train(
             accelerator's device type: accelerate decides the device, the stages share its decision.
         selection: score a dev metric as training goes and end with the best weights (kept in ``best/``, and in
             the state: ``best_step``, ``best_metric``, ``evaluations``), not the last.
-        prefetch: collate the next batches of an indexable dataset in a background thread while the step runs
-            (:func:`prefetched`; pinned for a CUDA device). Off for a ``collate_fn`` that draws from the global RNG
-            (the masked-LM collator's masks), whose draws must stay in order with the step's for exact resume.
+        prefetch: collate the next batches of an indexable dataset ahead of the step, in ``config.num_workers``
+            worker processes or else a background thread (:func:`prefetched`; pinned for a CUDA device). Off for a
+            ``collate_fn`` that draws from the global RNG (the masked-LM collator's masks), whose draws must stay
+            in order with the step's for exact resume.
         lengths: tokens per example for ``group_by_length`` (the task type's count for its input layout,
             :meth:`distill.tasks.TaskType.example_lengths`); None: :func:`example_lengths` of ``input_ids``.
 
@@ -605,8 +606,13 @@ class _Batches:
         else:
             lengths = None
         self.sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, rank, world, lengths)
+        # Worker processes collate only where collation may run ahead (prefetch): the batch order stays the sampler's,
+        # drawn in this process, so the batches are the same as in this process.
+        self.workers = config.num_workers if prefetch else 0
+        workers = {"num_workers": self.workers, "pin_memory": pin, "prefetch_factor": prefetch} if self.workers else {}
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator())
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator(),
+                                 **workers)
 
     def resume(self, data_state: list | None, checkpoint: Path) -> None:
         """Continue a streamed dataset from the position saved in a checkpoint (one state per process)."""
@@ -624,7 +630,8 @@ class _Batches:
         """Yield the batches of ``epoch`` from ``start_batch`` (indexable) or from the saved position (streamed)."""
         if not self.streaming:
             self.sampler.set_position(epoch, start_batch)
-            yield from prefetched(iter(self.loader), self.prefetch, self.pin) if self.prefetch else self.loader
+            threaded = self.prefetch and not self.workers
+            yield from prefetched(iter(self.loader), self.prefetch, self.pin) if threaded else self.loader
             return
         # A fresh stream per epoch: a loaded position applies to the first pass after resuming only.
         self.stream = split_dataset_by_node(self.dataset, self.rank, self.world) if self.world > 1 else self.dataset
