@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-from gensim.models import KeyedVectors
+
+if TYPE_CHECKING:  # imported where vectors are loaded: a job without augmentation runs without gensim
+    from gensim.models import KeyedVectors
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,8 @@ def load_word_vectors(source: str, max_vocab: int | None = None) -> KeyedVectors
     Raises:
         VectorsError: the file does not exist or cannot be parsed.
     """
+    from gensim.models import KeyedVectors
+
     check_word_vectors(source)
     if source in PACKAGED:
         return _load_packaged(PACKAGED[source], max_vocab)
@@ -74,6 +80,7 @@ def _has_header(path: Path) -> bool:
 
 def _load_packaged(module_name: str, max_vocab: int | None) -> KeyedVectors:
     import pandas as pd
+    from gensim.models import KeyedVectors
 
     module = __import__(module_name)
     root = Path(module.ROOT)
@@ -88,6 +95,8 @@ def _load_packaged(module_name: str, max_vocab: int | None) -> KeyedVectors:
 
 
 def _truncate(vectors: KeyedVectors, max_vocab: int) -> KeyedVectors:
+    from gensim.models import KeyedVectors
+
     small = KeyedVectors(vector_size=vectors.vector_size)
     small.add_vectors(vectors.index_to_key[:max_vocab], vectors.vectors[:max_vocab])
     return small

