@@ -24,11 +24,11 @@ What is measured here, and what is assumed:
   JSON, ``--measured FILE``); for augmentation, whose rows are short, the masked-LM throughput measured by
   ``bench/augment_speed.py`` (``--augment-gflops``, 110 GFLOP/s on this machine).
 - the GPU: one NVIDIA H200 as ``bench/gpu_loop.sh`` measured the same step through the training loop (a 12-layer,
-  768-wide teacher, the 4-layer/312 student, length 128): at batch 256 in bf16 it sustains ``--gpu-tflops`` (74.5
-  TFLOP/s, 9% of the 790 TFLOP/s a bf16 matrix product reaches there); at batch 32 a step takes ``--gpu-step-ms``
-  (51.4 ms) whatever the precision, because the host, not the GPU, sets its pace. A training stage of batch-32 steps
-  takes the longer of its steps times that floor and its FLOPs at that rate; augmentation and the teacher's logits,
-  batched large, their FLOPs at that rate.
+  768-wide teacher, the 4-layer/312 student, length 128): at batch 256 in bf16 it ran at ``--gpu-tflops`` (74.5
+  TFLOP/s through the loop); at batch 32 a step took ``--gpu-step-ms`` (51.4 ms in fp32, about the same in bf16 and
+  fp16), because the host, not the GPU, set its pace. A training stage of batch-32 steps is taken to cost the longer
+  of its steps times that floor and its FLOPs at that rate; augmentation and the teacher's logits, batched large,
+  their FLOPs at that rate. A projection from those two measurements, not a measured job.
 
 Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-tflops 74.5] [--gpu-step-ms 51.4]
        python bench/fullsize_plan.py --cpu-gflops 225.6 --copies-per-example 14.9   (the throughput as measured before)

@@ -14,10 +14,12 @@ out="${OUT:-runs/gpu_job}"
 mkdir -p "$out"
 [ -d bench/device/job ] || { echo "bench/device/job is missing: run JOB=1 bash bench/prepare_device.sh first"; exit 2; }
 site="$(mktemp -d)"
+assets="$(mktemp -d)"
+raw="$(mktemp)"
+trap 'rm -rf "$site" "$assets" "$raw"' EXIT
 "$py" -m pip install --quiet --no-index --no-deps --target "$site" bench/device/wheels/*.whl bench/device/job/wheels/*.whl \
   > "$out/job.log" 2>&1 || { echo "installing the wheels failed; see $out/job.log"; exit 3; }
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-assets="$(mktemp -d)"
 "$py" -c "import lzma, shutil, sys
 from pathlib import Path
 from safetensors.torch import load, save_file
@@ -29,11 +31,9 @@ for path in source.iterdir():
     if not path.name.startswith('model16'):
         shutil.copy(path, dest)" "$assets" >> "$out/job.log" 2>&1 || { echo "restoring MiniLM failed"; exit 4; }
 mkdir -p "$assets/SST-2"
-gzip -dc bench/device/job/SST-2/train.tsv.gz > "$assets/SST-2/train.tsv"
-cp bench/device/job/SST-2/dev.tsv "$assets/SST-2/"
+{ gzip -dc bench/device/job/SST-2/train.tsv.gz > "$assets/SST-2/train.tsv" && cp bench/device/job/SST-2/dev.tsv "$assets/SST-2/"; } \
+  || { echo "unpacking SST-2 failed"; exit 5; }
 start=$SECONDS
-raw="$(mktemp)"
-trap 'rm -rf "$site" "$assets" "$raw"' EXIT
 # shellcheck disable=SC2086
 timeout "${LIMIT:-480}" "$py" run_distill.py pipeline --config "${CONFIG:-configs/sst2_pruned.yaml}" \
   --data-dir "$assets/SST-2" --output-dir "$assets/run" --set "teacher.base_model=$assets/minilm" \

@@ -16,7 +16,8 @@
 # time limit is recorded as such and the rest still run; configurations that would start after DEADLINE seconds
 # (default 540) are skipped and recorded as such.
 #   bash bench/gpu_loop.sh            (REPEATS=N to change the repeats; PYTHON=... for another interpreter; DEVICE=cpu
-#                                      to try the script itself where there is no GPU)
+#                                      to try the script itself where there is no GPU; ONLY='batch-size 256 ' runs
+#                                      the configurations whose arguments match that regular expression)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -60,6 +61,9 @@ echo "smoke run passed: $(tail -n 1 "$log" | cut -c1-200)"
 run() {  # run LIMIT ARGS...: one configuration, recorded in $out
   local limit=$1
   shift
+  if [ -n "${ONLY:-}" ] && ! [[ " $* " =~ ${ONLY} ]]; then  # ONLY: a regular expression the arguments must match
+    return
+  fi
   if [ $((SECONDS - started + limit)) -gt "${DEADLINE:-540}" ]; then
     echo "{\"skipped\": \"$*\", \"why\": \"past DEADLINE\"}" | tee -a "$out"
     return

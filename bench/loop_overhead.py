@@ -9,6 +9,7 @@ download): by default a tiny pair (teacher 4 layers of 128, student 2 of 64), th
   of the step by its prefetch thread, moved to the device, the loss checks, logging, the progress bar, the scheduler);
   ``loop_inline``: the same with collation in the training thread (``prefetch=False``), what the prefetch hides.
   ``--num-workers N``: the loop collates in N DataLoader worker processes instead of the thread.
+  ``--collation-only``: the milliseconds a batch takes to collate, alone.
   Two runs of ``--warmup`` and ``--warmup`` + ``--steps`` steps in fresh folders; the per-step time is their
   difference over ``--steps``, so the set-up and the final checkpoint, which both runs pay, drop out.
 - ``model_work``: the same batches, collated beforehand and already on the device, through the same objective's
@@ -26,7 +27,7 @@ of timed steps (the driver's window is up to 1 s). ``--pad-to-max-length`` pads 
 
 Usage: python bench/loop_overhead.py [--shape tiny|bert-base] [--batch-size 32] [--max-seq-length 128]
        [--steps 40] [--warmup 5] [--repeats 3] [--threads N] [--device cpu|cuda] [--mixed-precision no|bf16|fp16]
-       [--compile] [--pad-to-max-length] [--tokenizer DIR] [--no-inline] [--num-workers N]
+       [--compile] [--pad-to-max-length] [--tokenizer DIR] [--no-inline] [--num-workers N] [--collation-only]
 The last line printed is a JSON object with every number.
 """
 
@@ -182,6 +183,30 @@ def time_loop(args, data, collate, vocab_size: int, device: torch.device, prefet
     return (seconds[-1] - seconds[-2]) / args.steps, busy_percent(gpus[-2], gpus[-1])
 
 
+def time_collation(args, data, collate) -> None:
+    """Prints the milliseconds a batch takes to collate in this process, as the loop's ``DataLoader`` collates it
+    (the rows fetched together, ``Dataset.__getitems__``, then the collator), median of ``--repeats`` passes over
+    ``--steps`` batches, and the fetch alone."""
+    batches = [list(range(i * args.batch_size, (i + 1) * args.batch_size)) for i in range(args.steps)
+               if (i + 1) * args.batch_size <= len(data)]
+    fetch, total = [], []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        rows = [data.__getitems__(batch) for batch in batches]
+        middle = time.perf_counter()
+        for batch in rows:
+            collate(batch)
+        end = time.perf_counter()
+        fetch.append((middle - start) / len(batches) * 1000)
+        total.append((end - start) / len(batches) * 1000)
+    print(f"collation, batch {args.batch_size}: {statistics.median(total):.1f} ms a batch "
+          f"(fetching the rows {statistics.median(fetch):.1f} ms), median of {args.repeats} passes over "
+          f"{len(batches)} batches, {torch.get_num_threads()} torch threads")
+    print(json.dumps({"batch_size": args.batch_size, "max_seq_length": args.max_seq_length,
+                      "pad_to_max_length": args.pad_to_max_length, "collate_ms": statistics.median(total),
+                      "fetch_ms": statistics.median(fetch)}))
+
+
 def time_model_work(args, data, collate, vocab_size: int, device: torch.device) -> tuple[float, float | None]:
     """Seconds per step of forward, backward and AdamW on batches collated beforehand and already on the device; and
     the GPU's utilisation (%) while they ran (None off CUDA)."""
@@ -261,6 +286,8 @@ def main() -> None:
                         "folder of its tokenizer files where the package is not installed)")
     parser.add_argument("--num-workers", type=int, default=0, help="the loop collates in this many DataLoader "
                         "worker processes (TrainConfig.num_workers) instead of its background thread")
+    parser.add_argument("--collation-only", action="store_true", help="time the collation of --steps batches in "
+                        "this process, as the loop's DataLoader does it, and nothing else")
     parser.add_argument("--no-inline", action="store_true", help="skip the loop with collation in the training "
                         "thread (loop_inline_ms), to save time where the prefetch is not in question")
     args = parser.parse_args()
@@ -275,6 +302,9 @@ def main() -> None:
     spec = task_spec(task)
     data = tokenize(load_task_data(task, spec)["train"], tokenizer, spec, args.max_seq_length)
     collate = bench_collator(tokenizer, spec, args)
+    if args.collation_only:
+        time_collation(args, data, collate)
+        return
     if device.type == "cuda":  # one untimed run first: the CUDA context, cuBLAS handles and first kernel loads
         time_model_work(argparse.Namespace(**{**vars(args), "steps": 1}), data, collate, tokenizer.vocab_size, device)
     rows = []

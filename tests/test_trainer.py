@@ -646,9 +646,13 @@ def test_prefetching_changes_no_number(tmp_path, tiny_tokenizer):
 
 def test_collating_in_worker_processes_changes_no_number(tmp_path, tiny_tokenizer):
     """``num_workers``: batches collated in DataLoader worker processes are the same batches in the same order, over
-    an epoch boundary, and creating the workers draws nothing from the global RNG (dropout's): the trained weights
-    are bit-identical to collating in the background thread, and the run id is that of a run without the setting."""
-    from distill.config import fingerprint
+    an epoch boundary and from a resume position inside an epoch, and creating the workers draws nothing from the
+    global RNG (dropout's): the trained weights are bit-identical to collating in the background thread, and every
+    stage's run id is that of a run without the setting (speed only)."""
+    from distill.config import PipelineConfig, with_overrides
+    from distill.job.general import general_config, general_run_id
+    from distill.job.stages import STAGES
+    from distill.method.trainer import _Batches
 
     config = TrainConfig(max_steps=9, batch_size=5, learning_rate=1e-3, save_steps=100, log_steps=1, seed=3)
     assert len(_data()) < 9 * 5  # more than one epoch
@@ -658,7 +662,19 @@ def test_collating_in_worker_processes_changes_no_number(tmp_path, tiny_tokenize
     train(processes, _data(), _Pad(tiny_tokenizer), workers, tmp_path / "b", "run", prefetch=True)
     for (name, a), (_, b) in zip(threaded.trainable.state_dict().items(), processes.trainable.state_dict().items()):
         assert torch.equal(a, b), name
-    assert fingerprint(config) == fingerprint(dataclasses.replace(config, num_workers=0)) != fingerprint(workers)
+    # The position a resumed run starts from (epoch 1, batch 2), in workers and in the thread.
+    ids = [[b["input_ids"].tolist() for b in _Batches(_data(), _Pad(tiny_tokenizer), c, 0, 1, prefetch=2).epoch(1, 2)]
+           for c in (config, workers)]
+    assert len(ids[0]) == 3 and ids[0] == ids[1]
+
+    def run_ids(pipeline):
+        return {name: spec.run_id(pipeline, {i: "x" for i in spec.inputs}) for name, spec in STAGES.items()}
+
+    sections = ("teacher.train", "mlm.train", "distill.intermediate", "distill.prediction", "general.train")
+    base = PipelineConfig()
+    on = with_overrides(base, {f"{section}.num_workers": 2 for section in sections})
+    assert run_ids(on) == run_ids(base)
+    assert general_run_id(general_config(on)) == general_run_id(general_config(base))
     with pytest.raises(ConfigError, match="num_workers"):
         TrainConfig(num_workers=-1)
 

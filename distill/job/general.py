@@ -84,6 +84,7 @@ def general_run_id(config: GeneralConfig) -> tuple[str, str]:
     teacher = content_or_name(config.teacher)
     corpus = corpus_fingerprint(corpus_sources(config.corpus), teacher, config.max_seq_length, config.corpus_column)
     settings = {k: v for k, v in to_dict(config).items() if k not in NOT_IN_RUN_ID}
+    settings["train"] = {k: v for k, v in settings["train"].items() if k != "num_workers"}  # speed only
     settings["teacher"] = teacher
     return fingerprint(settings, corpus), corpus
 

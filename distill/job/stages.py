@@ -159,6 +159,9 @@ class ConfigView:
 
 
 AUGMENT_NEUTRAL = ("augment.batch_size", "augment.num_workers")  # speed only, not the output
+# Collation in worker processes or the prefetch thread: the same batches (tested), so speed only.
+TEACHER_NEUTRAL, MLM_NEUTRAL = ("teacher.train.num_workers",), ("mlm.train.num_workers",)
+INTERMEDIATE_NEUTRAL, PREDICTION_NEUTRAL = ("distill.intermediate.num_workers",), ("distill.prediction.num_workers",)
 INTERMEDIATE_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("intermediate"))
 PREDICTION_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("prediction"))
 
@@ -204,8 +207,8 @@ def teacher_canonical(values: dict) -> None:
 
 
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
-    StageSpec("teacher", reads=("task", "teacher"), canonical=teacher_canonical),
-    StageSpec("mlm", reads=("mlm",)),
+    StageSpec("teacher", reads=("task", "teacher"), neutral=TEACHER_NEUTRAL, canonical=teacher_canonical),
+    StageSpec("mlm", reads=("mlm",), neutral=MLM_NEUTRAL),
     StageSpec("augmented", reads=("task", "augment", "mlm.model"), neutral=AUGMENT_NEUTRAL, inputs=("mlm",)),
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
     # A student pruned from the fine-tuned teacher (student.init "pruned"): importance on the task's training data,
@@ -215,11 +218,11 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
                      *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",
                      "distill.teacher_cache"),
-              inputs=("teacher", "augmented", "general")),
+              neutral=INTERMEDIATE_NEUTRAL, inputs=("teacher", "augmented", "general")),
     # Its run id also covers the teacher buffers it holds (distill.job.pipeline.teacher_outputs_run_id).
     StageSpec("teacher_outputs", reads=("task.max_seq_length", "distill.teacher_cache"), inputs=("teacher", "augmented")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
                      "distill.hard_label_weight", *PREDICTION_WEIGHTS),
-              inputs=("student_intermediate", "teacher_logits")),
+              neutral=PREDICTION_NEUTRAL, inputs=("student_intermediate", "teacher_logits")),
 )}

@@ -589,8 +589,11 @@ class _Batches:
         self.rank, self.world = rank, world
         self.prefetch, self.pin = prefetch, pin
         self.streaming = isinstance(dataset, datasets.IterableDataset)
-        self.stream, self.resume_state = None, None
+        self.stream, self.resume_state, self.workers = None, None, 0
         if self.streaming:
+            if config.num_workers:
+                logger.info("num_workers: %d ignored, a streamed dataset is collated in order in the training process",
+                            config.num_workers)
             if config.max_steps is None:
                 raise ValueError("a streamed dataset has no length: set max_steps for this training run")
             if config.group_by_length:
@@ -609,7 +612,13 @@ class _Batches:
         # Worker processes collate only where collation may run ahead (prefetch): the batch order stays the sampler's,
         # drawn in this process, so the batches are the same as in this process.
         self.workers = config.num_workers if prefetch else 0
-        workers = {"num_workers": self.workers, "pin_memory": pin, "prefetch_factor": prefetch} if self.workers else {}
+        if config.num_workers and not self.workers:
+            logger.info("num_workers: %d ignored, this step's collate function draws from the global RNG and collates "
+                        "in the training process", config.num_workers)
+        # As many batches ahead in all as the thread makes (prefetch_factor counts per worker); the workers stay up
+        # from epoch to epoch (the sampler, read in this process, still sets each epoch's order and start).
+        workers = {"num_workers": self.workers, "pin_memory": pin, "persistent_workers": True,
+                   "prefetch_factor": max(1, prefetch // self.workers)} if self.workers else {}
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator(),
                                  **workers)
