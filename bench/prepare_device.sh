@@ -33,17 +33,15 @@ if [ -n "${JOB:-}" ]; then
   "$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
     --platform manylinux2014_x86_64 --dest "$dest/job/wheels" \
     "torch-pruning==$("$py" -c "from importlib.metadata import version; print(version('torch-pruning'))")"
-  "$py" -c "import lzma, shutil, sys
+  "$py" -c "import lzma, sys
 from pathlib import Path
 from safetensors.torch import load_file, save
 from teachers.models import resolve_model
 source, dest = Path(resolve_model('minilm')), Path(sys.argv[1])
 weights = load_file(source / 'model.safetensors')
 half = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in weights.items()}
-(dest / 'model16.safetensors.xz').write_bytes(lzma.compress(save(half), preset=6))
-for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'special_tokens_map.json'):
-    if (source / name).is_file():
-        shutil.copy(source / name, dest)" "$dest/job/minilm"
+(dest / 'model16.safetensors.xz').write_bytes(lzma.compress(save(half), preset=6))" "$dest/job/minilm"
+  cp "$dest"/tokenizer/* "$dest/job/minilm/"  # the config and tokenizer files, copied above
   gzip -9 -c ../shared/data/glue/SST-2/train.tsv > "$dest/job/SST-2/train.tsv.gz"
   cp ../shared/data/glue/SST-2/dev.tsv "$dest/job/SST-2/"
 fi
