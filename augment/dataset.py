@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from augment.augmenter import CandidateGenerator, sample_copies, sample_word_copies, split_words
 from augment.tokens import check_words, is_word_list_feature, word_candidates, word_masks
 from distill.method.checkpoint import CheckpointError, write_json_atomic
-from distill.config import AugmentConfig, fingerprint, to_dict
+from distill.config import AugmentConfig, fingerprint, hashed_dict
 from distill.job.fingerprints import content_or_name
 
 logger = logging.getLogger(__name__)
@@ -41,12 +41,10 @@ EXAMPLES_PER_PASS = 256
 RUN_FILE = "run.json"
 
 
-OUTPUT_NEUTRAL = ("batch_size", "num_workers")  # settings that change the speed, not the output
-
-
 def augment_fingerprint(config: AugmentConfig, *inputs) -> str:
-    """Run id of an augmentation: its settings (less the speed-only ones) and whatever identifies its inputs."""
-    settings = {k: v for k, v in to_dict(config).items() if k not in OUTPUT_NEUTRAL}
+    """Run id of an augmentation: its settings (less the speed-only ones: :func:`distill.config.hashed_dict`) and
+    whatever identifies its inputs."""
+    settings = hashed_dict(config)
     for name in ("word_vectors", "stopwords"):  # a local file counts by its bytes
         settings[name] = content_or_name(settings[name])
     return fingerprint(settings, *inputs)

@@ -24,13 +24,13 @@ What is measured here, and what is assumed:
   JSON, ``--measured FILE``); for augmentation, whose rows are short, the masked-LM throughput measured by
   ``bench/augment_speed.py`` (``--augment-gflops``, 110 GFLOP/s on this machine).
 - the GPU: one NVIDIA H200 as ``bench/gpu_loop.sh`` measured the same step through the training loop (a 12-layer,
-  768-wide teacher, the 4-layer/312 student, length 128): at batch 256 in bf16 it ran at ``--gpu-tflops`` (74.5
-  TFLOP/s through the loop); at batch 32 a step took ``--gpu-step-ms`` (51.4 ms in fp32, about the same in bf16 and
-  fp16), because the host, not the GPU, set its pace. A training stage of batch-32 steps is taken to cost the longer
+  768-wide teacher, the 4-layer/312 student, length 128): at batch 256 in bf16 it ran at ``--gpu-tflops`` (132.5
+  TFLOP/s through the loop, collating in two worker processes; 79.8 in the prefetch thread in the same run); at batch
+  32 a step took ``--gpu-step-ms`` (51.4 ms in fp32, about the same in bf16 and fp16), because the host, not the GPU, set its pace. A training stage of batch-32 steps is taken to cost the longer
   of its steps times that floor and its FLOPs at that rate; augmentation and the teacher's logits, batched large,
   their FLOPs at that rate. A projection from those two measurements, not a measured job.
 
-Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-tflops 74.5] [--gpu-step-ms 51.4]
+Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-tflops 132.5] [--gpu-step-ms 51.4]
        python bench/fullsize_plan.py --cpu-gflops 225.6 --copies-per-example 14.9   (the throughput as measured before)
        [--teacher-cache]   (the intermediate step's teacher run once, and the cache's disk)
 """
@@ -163,8 +163,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--measured", help="saved output of bench/distill_throughput.py --teacher mpnet")
     parser.add_argument("--cpu-gflops", type=float, help="this CPU's distillation throughput, instead of --measured")
-    parser.add_argument("--gpu-tflops", type=float, default=74.5, help="the GPU's sustained throughput in the "
-                        "distillation step (H200, bf16, batch 256, through the loop: bench/gpu_loop.sh)")
+    parser.add_argument("--gpu-tflops", type=float, default=132.5, help="the GPU's sustained throughput in the "
+                        "distillation step (H200, bf16, batch 256, two collation workers, through the loop: "
+                        "bench/gpu_loop.sh)")
     parser.add_argument("--gpu-step-ms", type=float, default=51.4, help="the least time of a batch-32 training step "
                         "on the GPU (H200, batch 32, length 128, through the loop: bench/gpu_loop.sh)")
     parser.add_argument("--augment-gflops", type=float, default=110.0,

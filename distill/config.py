@@ -25,9 +25,10 @@ class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range; the message names the field path."""
 
 
-def option(default: Any, help: str, flag: bool = True) -> Any:
-    """A config field with its help text (shown by the command line for fields that have a flag)."""
-    return field(default=default, metadata={"help": help, "flag": flag})
+def option(default: Any, help: str, flag: bool = True, speed_only: bool = False) -> Any:
+    """A config field with its help text (shown by the command line for fields that have a flag). ``speed_only``: the
+    field changes how fast a stage runs, never what it writes, so no run id covers it (:func:`hashed_dict`)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "speed_only": speed_only})
 
 
 def command_line_options(cls: type) -> list[tuple[str, str, type, str]]:
@@ -69,13 +70,16 @@ class TrainConfig:
     seed: int = 42  # data order, dropout and initialisation
     group_by_length: bool = False  # batches of examples of similar length (less padding, same examples per epoch)
     # Processes that collate the batches (torch DataLoader workers: no share of the training process's interpreter
-    # lock, which launches the step's kernels); 0: a background thread of the training process. Same batches either
+    # lock, which launches the step's kernels); 0: a background thread of the training process; auto: 2 on a CUDA
+    # device where processes start by fork, else 0 (distill.method.trainer.resolve_num_workers). Same batches either
     # way. A collate function that draws from the global RNG (the masked LM's) collates in the training process.
-    num_workers: int = 0
+    num_workers: int | str = option("auto", "DataLoader worker processes that collate the batches (auto: 2 on CUDA)",
+                                    flag=False, speed_only=True)
 
     def __post_init__(self) -> None:
         _check(self.num_epochs > 0, "num_epochs", f"must be > 0, got {self.num_epochs}")
-        _check(self.num_workers >= 0, "num_workers", f"must be >= 0, got {self.num_workers}")
+        _check(self.num_workers == "auto" or (type(self.num_workers) is int and self.num_workers >= 0), "num_workers",
+               f"must be auto or an integer >= 0, got {self.num_workers!r}")
         _check(self.max_steps is None or self.max_steps > 0, "max_steps", f"must be > 0, got {self.max_steps}")
         _check(self.min_steps is None or self.min_steps > 0, "min_steps", f"must be > 0, got {self.min_steps}")
         _check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
@@ -216,9 +220,10 @@ class AugmentConfig:
     max_mlm_words: int | None = option(None, "budget of masked-LM work: augment as many of the first examples as keep "
                                        "the sum of (words x words per masked row) within this (one masked row per "
                                        "word; a row is its text, twice with mlm_context pair)")
-    batch_size: int = option(32, "masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)")
+    batch_size: int = option(32, "masked rows per masked-LM forward (32-64 is fastest on a 2-core CPU)",
+                             speed_only=True)
     shard_size: int = option(1000, "source examples per shard written (resume granularity)")
-    num_workers: int = option(1, "processes, each augmenting whole shards with its own masked LM")
+    num_workers: int = option(1, "processes, each augmenting whole shards with its own masked LM", speed_only=True)
     seed: int = option(42, "same seed, same output, whatever the batch size")
     replace_entities: bool = option(False, "token classification: also replace words inside entities (their tags "
                                     "kept; the teacher's logits are the targets); default: only words tagged O "
@@ -716,8 +721,26 @@ def _apply_overrides(data: dict, overrides: dict[str, Any]) -> None:
 
 
 def to_dict(config: Any) -> dict:
-    """Plain-data form of a config dataclass (for JSON/YAML and fingerprints)."""
+    """Plain-data form of a config dataclass (for JSON/YAML)."""
     return dataclasses.asdict(config)
+
+
+def hashed_dict(config: Any) -> dict:
+    """:func:`to_dict` without the speed-only fields (declared with ``option(..., speed_only=True)``: the augmenter's
+    batch size and processes, the training loop's collation workers), at any depth: the form every run id hashes, so
+    that a setting that changes no output moves no run id."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                    if not f.metadata.get("speed_only")}
+        if isinstance(value, (list, tuple)):
+            return type(value)(plain(v) for v in value)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return copy.deepcopy(value)
+
+    return plain(config)
 
 
 # Config fields that name local files or folders (a list field: each item; "sweep[].student.model": each entry's). A
@@ -774,7 +797,7 @@ def _get(data: dict, dotted: str) -> Any:
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
                   "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}, "options": {},
-                  "stages": [], "unlabelled_ranked": None, "num_workers": 0}
+                  "stages": [], "unlabelled_ranked": None}
 
 
 def _added_default(key: Any, value: Any) -> bool:
@@ -795,6 +818,7 @@ def _without_added_defaults(value: Any) -> Any:
 
 def fingerprint(*parts: Any) -> str:
     """A short stable hash of config dataclasses / plain data, used to tell one run's outputs from another's.
-    A setting of :data:`ADDED_SETTINGS` at its old-behaviour value is left out, wherever it is nested."""
-    plain = _without_added_defaults([to_dict(p) if dataclasses.is_dataclass(p) else p for p in parts])
+    A setting of :data:`ADDED_SETTINGS` at its old-behaviour value is left out, wherever it is nested, and so is a
+    dataclass's speed-only field (:func:`hashed_dict`)."""
+    plain = _without_added_defaults([hashed_dict(p) if dataclasses.is_dataclass(p) else p for p in parts])
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]

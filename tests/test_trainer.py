@@ -677,6 +677,30 @@ def test_collating_in_worker_processes_changes_no_number(tmp_path, tiny_tokenize
     assert general_run_id(general_config(on)) == general_run_id(general_config(base))
     with pytest.raises(ConfigError, match="num_workers"):
         TrainConfig(num_workers=-1)
+    with pytest.raises(ConfigError, match="num_workers"):
+        TrainConfig(num_workers="many")
+
+
+def test_num_workers_auto_collates_in_processes_on_cuda_only(monkeypatch, tiny_tokenizer):
+    """``num_workers: auto`` (the default) starts two collation processes on a CUDA device where processes fork, and
+    none on a CPU (the thread) or where they would be spawned; an integer is taken as it is."""
+    import multiprocessing
+
+    from distill.method.trainer import AUTO_WORKERS_CUDA, _Batches, resolve_num_workers
+
+    assert TrainConfig().num_workers == "auto"
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn", "forkserver"])
+    assert resolve_num_workers("auto", "cuda") == AUTO_WORKERS_CUDA == 2
+    assert resolve_num_workers("auto", "cpu") == resolve_num_workers("auto", "mps") == 0
+    assert resolve_num_workers(3, "cpu") == 3 and resolve_num_workers(0, "cuda") == 0
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert resolve_num_workers("auto", "cuda") == 0
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn"])
+    config = TrainConfig(batch_size=5)
+    assert _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=2, device_type="cuda").workers == 2
+    assert _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=2).workers == 0
+    # A collate function that draws from the global RNG (prefetch off) collates in the training process.
+    assert _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=0, device_type="cuda").workers == 0
 
 
 def test_terms_read_every_k_steps_still_stop_before_a_bad_step_is_checkpointed(tmp_path, tiny_tokenizer,

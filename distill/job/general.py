@@ -28,7 +28,7 @@ from transformers import AutoModel, set_seed
 
 from distill.publish.card import encoder_card
 from distill.method.checkpoint import mark_stage_done, mark_stage_started, stage_done, write_json_atomic
-from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, to_dict
+from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, hashed_dict
 from distill.job.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.tasks.data import collator
 from distill.job.fingerprints import content_or_name
@@ -83,8 +83,7 @@ def general_run_id(config: GeneralConfig) -> tuple[str, str]:
     of the same teacher elsewhere finds the entry again; a hub name or ``minilm`` counts by its name."""
     teacher = content_or_name(config.teacher)
     corpus = corpus_fingerprint(corpus_sources(config.corpus), teacher, config.max_seq_length, config.corpus_column)
-    settings = {k: v for k, v in to_dict(config).items() if k not in NOT_IN_RUN_ID}
-    settings["train"] = {k: v for k, v in settings["train"].items() if k != "num_workers"}  # speed only
+    settings = {k: v for k, v in hashed_dict(config).items() if k not in NOT_IN_RUN_ID}
     settings["teacher"] = teacher
     return fingerprint(settings, corpus), corpus
 

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from distill.config import fingerprint, to_dict
+from distill.config import fingerprint, hashed_dict
 from distill.job.fingerprints import content_or_name, data_folder_content
 from distill.method.terms import terms_of
 
@@ -41,8 +41,6 @@ class StageSpec:
         name: the stage's folder under the output directory.
         reads: dotted config paths that decide its output ("teacher" is the whole section, "distill.weights.hidden"
             one key of a mapping).
-        neutral: dotted paths that change its speed only (e.g. the augmenter's batch size): readable, and left out of
-            the hash even inside a section named in ``reads``.
         inputs: names of the stages whose outputs it reads; their run ids enter its run id.
         canonical: rewrites the hashed values ({declared path: value}) in place so that settings that give the
             same output hash alike (the teacher: a task cap and a teacher share that leave it the same examples).
@@ -50,7 +48,6 @@ class StageSpec:
 
     name: str
     reads: tuple[str, ...]
-    neutral: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     canonical: Callable[[dict], None] | None = None
 
@@ -61,17 +58,13 @@ class StageSpec:
             raise ValueError(f"stage {self.name}: run ids of its inputs {missing} are needed")
         values = {path: _plain(_lookup(config, path)) for path in self.reads}
         with_contents(values, config)
-        for neutral in self.neutral:  # a speed-only field inside a hashed section
-            for path, value in values.items():
-                if neutral.startswith(path + ".") and isinstance(value, dict):
-                    _drop(value, neutral[len(path) + 1:].split("."))
         if self.canonical is not None:
             self.canonical(values)
         return fingerprint(self.name, values, {name: inputs[name] for name in self.inputs})
 
     def view(self, config: Any) -> "ConfigView":
-        """``config`` as this stage may see it: the declared fields (and the neutral ones) only."""
-        return ConfigView(config, "", frozenset((*self.reads, *self.neutral, *ALWAYS_READABLE)), self.name)
+        """``config`` as this stage may see it: the declared fields only."""
+        return ConfigView(config, "", frozenset((*self.reads, *ALWAYS_READABLE)), self.name)
 
 
 # Config fields that name files or folders a stage loads: a local one counts by its bytes (a list field, item by item).
@@ -105,14 +98,9 @@ def _lookup(node: Any, path: str) -> Any:
     return node
 
 
-def _drop(mapping: dict, parts: list[str]) -> None:
-    for part in parts[:-1]:
-        mapping = mapping.get(part, {})
-    mapping.pop(parts[-1], None)
-
-
 def _plain(value: Any) -> Any:
-    return to_dict(value) if dataclasses.is_dataclass(value) else value
+    """A section as its run id hashes it: without its speed-only fields (:func:`distill.config.hashed_dict`)."""
+    return hashed_dict(value) if dataclasses.is_dataclass(value) else value
 
 
 class ConfigView:
@@ -158,10 +146,6 @@ class ConfigView:
         return key in self._node
 
 
-AUGMENT_NEUTRAL = ("augment.batch_size", "augment.num_workers")  # speed only, not the output
-# Collation in worker processes or the prefetch thread: the same batches (tested), so speed only.
-TEACHER_NEUTRAL, MLM_NEUTRAL = ("teacher.train.num_workers",), ("mlm.train.num_workers",)
-INTERMEDIATE_NEUTRAL, PREDICTION_NEUTRAL = ("distill.intermediate.num_workers",), ("distill.prediction.num_workers",)
 INTERMEDIATE_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("intermediate"))
 PREDICTION_WEIGHTS = tuple(f"distill.weights.{name}" for name in terms_of("prediction"))
 
@@ -201,15 +185,15 @@ def teacher_canonical(values: dict) -> None:
     if "min_dev_metric" in teacher:
         teacher["min_dev_metric"] = None
     if teacher.get("model") is not None:
-        defaults = to_dict(TeacherConfig())
+        defaults = hashed_dict(TeacherConfig())
         defaults["base_model"] = content_or_name(defaults["base_model"])  # as with_contents hashes the default
         teacher.update({name: defaults[name] for name in FINE_TUNING_FIELDS if name in teacher})
 
 
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
-    StageSpec("teacher", reads=("task", "teacher"), neutral=TEACHER_NEUTRAL, canonical=teacher_canonical),
-    StageSpec("mlm", reads=("mlm",), neutral=MLM_NEUTRAL),
-    StageSpec("augmented", reads=("task", "augment", "mlm.model"), neutral=AUGMENT_NEUTRAL, inputs=("mlm",)),
+    StageSpec("teacher", reads=("task", "teacher"), canonical=teacher_canonical),
+    StageSpec("mlm", reads=("mlm",)),
+    StageSpec("augmented", reads=("task", "augment", "mlm.model"), inputs=("mlm",)),
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
     # A student pruned from the fine-tuned teacher (student.init "pruned"): importance on the task's training data,
     # then the teacher cut to the student's shape and layers (distill.job.pruned).
@@ -218,11 +202,11 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
                      *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",
                      "distill.teacher_cache"),
-              neutral=INTERMEDIATE_NEUTRAL, inputs=("teacher", "augmented", "general")),
+              inputs=("teacher", "augmented", "general")),
     # Its run id also covers the teacher buffers it holds (distill.job.pipeline.teacher_outputs_run_id).
     StageSpec("teacher_outputs", reads=("task.max_seq_length", "distill.teacher_cache"), inputs=("teacher", "augmented")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
                      "distill.hard_label_weight", *PREDICTION_WEIGHTS),
-              neutral=PREDICTION_NEUTRAL, inputs=("student_intermediate", "teacher_logits")),
+              inputs=("student_intermediate", "teacher_logits")),
 )}

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import math
+import multiprocessing
 import random
 import signal
 import threading
@@ -259,8 +260,8 @@ def train(
         selection: score a dev metric as training goes and end with the best weights (kept in ``best/``, and in
             the state: ``best_step``, ``best_metric``, ``evaluations``), not the last.
         prefetch: collate the next batches of an indexable dataset ahead of the step, in ``config.num_workers``
-            worker processes or else a background thread (:func:`prefetched`; pinned for a CUDA device). Off for a
-            ``collate_fn`` that draws from the global RNG (the masked-LM collator's masks), whose draws must stay
+            worker processes (:func:`resolve_num_workers`: ``auto``, two on CUDA) or else a background thread
+            (:func:`prefetched`; pinned for a CUDA device). Off for a ``collate_fn`` that draws from the global RNG (the masked-LM collator's masks), whose draws must stay
             in order with the step's for exact resume.
         lengths: tokens per example for ``group_by_length`` (the task type's count for its input layout,
             :meth:`distill.tasks.TaskType.example_lengths`); None: :func:`example_lengths` of ``input_ids``.
@@ -299,7 +300,8 @@ def train(
     torch.manual_seed(config.seed)
     world = accelerator.num_processes
     data = _Batches(dataset, collate_fn, config, accelerator.process_index, world,
-                    prefetch=PREFETCH_BATCHES if prefetch else 0, pin=device.type == "cuda", lengths=lengths)
+                    prefetch=PREFETCH_BATCHES if prefetch else 0, pin=device.type == "cuda", lengths=lengths,
+                    device_type=device.type)
     steps = total_steps(config, data.num_examples, world)
     objective.to(device)
     trainable = objective.trainable
@@ -516,6 +518,21 @@ def example_lengths(dataset) -> list[int]:
 
 # Batches collated ahead of the step by the background thread (:func:`prefetched`).
 PREFETCH_BATCHES = 2
+# Collation processes that ``num_workers: auto`` starts on a CUDA device. Measured on one H200 (docs/performance.md,
+# bench/gpu_loop.sh): bf16 at batch 256, length 128, two workers made the loop 0.99 of its model work against 0.58 with
+# the thread (1.66x faster); at batch 32 the same either way.
+AUTO_WORKERS_CUDA = 2
+
+
+def resolve_num_workers(num_workers: int | str, device_type: str) -> int:
+    """The collation processes that ``TrainConfig.num_workers`` asks for on a device of type ``device_type``
+    ("cuda", "cpu", "mps"): an integer as it is; ``"auto"``: :data:`AUTO_WORKERS_CUDA` on CUDA where the platform's
+    default start method is fork (Linux), else 0 (the prefetch thread: on a CPU the workers would take the cores the
+    step's kernels use, and a spawned worker would pickle the dataset and start an interpreter per epoch's loader)."""
+    if num_workers != "auto":
+        return int(num_workers)
+    fork = multiprocessing.get_all_start_methods()[0] == "fork"  # the first is the default; asking fixes nothing
+    return AUTO_WORKERS_CUDA if device_type == "cuda" and fork else 0
 
 
 class _End:
@@ -584,14 +601,14 @@ class _Batches:
     must be that of the batches trained on)."""
 
     def __init__(self, dataset, collate_fn: Callable[[list], dict], config: TrainConfig, rank: int, world: int,
-                 prefetch: int = 0, pin: bool = False, lengths: list[int] | None = None):
+                 prefetch: int = 0, pin: bool = False, lengths: list[int] | None = None, device_type: str = "cpu"):
         self.dataset, self.collate_fn, self.config = dataset, collate_fn, config
         self.rank, self.world = rank, world
         self.prefetch, self.pin = prefetch, pin
         self.streaming = isinstance(dataset, datasets.IterableDataset)
         self.stream, self.resume_state, self.workers = None, None, 0
         if self.streaming:
-            if config.num_workers:
+            if config.num_workers not in (0, "auto"):
                 logger.info("num_workers: %d ignored, a streamed dataset is collated in order in the training process",
                             config.num_workers)
             if config.max_steps is None:
@@ -611,8 +628,8 @@ class _Batches:
         self.sampler = EpochBatchSampler(len(dataset), config.batch_size, config.seed, rank, world, lengths)
         # Worker processes collate only where collation may run ahead (prefetch): the batch order stays the sampler's,
         # drawn in this process, so the batches are the same as in this process.
-        self.workers = config.num_workers if prefetch else 0
-        if config.num_workers and not self.workers:
+        self.workers = resolve_num_workers(config.num_workers, device_type) if prefetch else 0
+        if config.num_workers not in (0, "auto") and not self.workers:
             logger.info("num_workers: %d ignored, this step's collate function draws from the global RNG and collates "
                         "in the training process", config.num_workers)
         # As many batches ahead in all as the thread makes (prefetch_factor counts per worker); the workers stay up
