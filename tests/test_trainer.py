@@ -685,19 +685,26 @@ def test_num_workers_auto_collates_in_processes_on_cuda_only(monkeypatch, tiny_t
     """``num_workers: auto`` (the default) starts two collation processes on a CUDA device where processes fork, and
     none on a CPU (the thread) or where they would be spawned; an integer is taken as it is."""
     import multiprocessing
+    import sys
 
     from distill.method.trainer import AUTO_WORKERS_CUDA, _Batches, resolve_num_workers
 
     assert TrainConfig().num_workers == "auto"
-    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn", "forkserver"])
+    monkeypatch.setattr(sys, "platform", "linux")
+    # Python 3.14's default is forkserver; fork is still there, and the loader asks for it.
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["forkserver", "spawn", "fork"])
     assert resolve_num_workers("auto", "cuda") == AUTO_WORKERS_CUDA == 2
     assert resolve_num_workers("auto", "cpu") == resolve_num_workers("auto", "mps") == 0
     assert resolve_num_workers(3, "cpu") == 3 and resolve_num_workers(0, "cuda") == 0
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     assert resolve_num_workers("auto", "cuda") == 0
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn"])
+    monkeypatch.setattr(sys, "platform", "darwin")  # fork there, but not the default: spawned, so none
+    assert resolve_num_workers("auto", "cuda") == 0
+    monkeypatch.setattr(sys, "platform", "linux")
     config = TrainConfig(batch_size=5)
-    assert _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=2, device_type="cuda").workers == 2
+    cuda = _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=2, device_type="cuda")
+    assert cuda.workers == 2 and cuda.loader.multiprocessing_context.get_start_method() == "fork"
     assert _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=2).workers == 0
     # A collate function that draws from the global RNG (prefetch off) collates in the training process.
     assert _Batches(_data(), _Pad(tiny_tokenizer), config, 0, 1, prefetch=0, device_type="cuda").workers == 0

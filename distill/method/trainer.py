@@ -20,6 +20,7 @@ import math
 import multiprocessing
 import random
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -519,20 +520,26 @@ def example_lengths(dataset) -> list[int]:
 # Batches collated ahead of the step by the background thread (:func:`prefetched`).
 PREFETCH_BATCHES = 2
 # Collation processes that ``num_workers: auto`` starts on a CUDA device. Measured on one H200 (docs/performance.md,
-# bench/gpu_loop.sh): bf16 at batch 256, length 128, two workers made the loop 0.99 of its model work against 0.58 with
-# the thread (1.66x faster); at batch 32 the same either way.
+# bench/gpu_loop.sh): bf16 at batch 256, length 128, two workers made a step 50.4 ms against 83.7 with the thread (1.66x
+# faster, the model work alone 49.5); at batch 32 the same within the repeats' spread.
 AUTO_WORKERS_CUDA = 2
 
 
 def resolve_num_workers(num_workers: int | str, device_type: str) -> int:
     """The collation processes that ``TrainConfig.num_workers`` asks for on a device of type ``device_type``
-    ("cuda", "cpu", "mps"): an integer as it is; ``"auto"``: :data:`AUTO_WORKERS_CUDA` on CUDA where the platform's
-    default start method is fork (Linux), else 0 (the prefetch thread: on a CPU the workers would take the cores the
-    step's kernels use, and a spawned worker would pickle the dataset and start an interpreter per epoch's loader)."""
+    ("cuda", "cpu", "mps"): an integer as it is; ``"auto"``: :data:`AUTO_WORKERS_CUDA` on CUDA where workers fork
+    (:func:`forks`: Linux), else 0 (the prefetch thread: on a CPU the workers would take the cores the
+    step's kernels use, and a spawned worker would pickle the dataset and start an interpreter of its own)."""
     if num_workers != "auto":
         return int(num_workers)
-    fork = multiprocessing.get_all_start_methods()[0] == "fork"  # the first is the default; asking fixes nothing
-    return AUTO_WORKERS_CUDA if device_type == "cuda" and fork else 0
+    return AUTO_WORKERS_CUDA if device_type == "cuda" and forks() else 0
+
+
+def forks() -> bool:
+    """Whether collation workers start by fork here: on Linux, where fork is available whatever the default start
+    method (Python 3.14 made it forkserver, which would pickle the dataset and the collate function), the loader asks
+    for it; elsewhere (macOS, Windows) they start as the platform's default says."""
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
 class _End:
@@ -635,7 +642,8 @@ class _Batches:
         # As many batches ahead in all as the thread makes (prefetch_factor counts per worker); the workers stay up
         # from epoch to epoch (the sampler, read in this process, still sets each epoch's order and start).
         workers = {"num_workers": self.workers, "pin_memory": pin, "persistent_workers": True,
-                   "prefetch_factor": max(1, prefetch // self.workers)} if self.workers else {}
+                   "prefetch_factor": max(1, prefetch // self.workers),
+                   "multiprocessing_context": "fork" if forks() else None} if self.workers else {}
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed run would diverge.
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collate_fn, generator=torch.Generator(),
                                  **workers)
