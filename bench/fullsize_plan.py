@@ -32,7 +32,7 @@ What is measured here, and what is assumed:
 
 Usage: python bench/fullsize_plan.py --measured runs/bench_mpnet_1.txt [--gpu-tflops 132.5] [--gpu-step-ms 51.4]
        python bench/fullsize_plan.py --cpu-gflops 225.6 --copies-per-example 14.9   (the throughput as measured before)
-       [--teacher-cache]   (the intermediate step's teacher run once, and the cache's disk)
+       [--teacher-cache]   (the intermediate step's teacher run once, its pass giving the logits; the cache's disk)
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ def cache_bytes(task: dict, copies_per_example: float, bytes_per_value: int = 2)
 def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flops_per_s: float,
          augment_flops_per_s: float, teacher_cache: bool = False, gpu_step_s: float = 0.0) -> list[dict]:
     """Rows, tokens, FLOPs and time of each stage of the full-size job for one task; with ``teacher_cache``, the
-    intermediate step's teacher runs one pass (the cache) instead of one per epoch (reading the cache not counted).
+    intermediate step's teacher runs one pass (the cache) instead of one per epoch (reading the cache not counted),
+    and the prediction step's teacher logits come from that pass.
     On the GPU a training stage (batches of ``BATCH``) takes at least ``gpu_step_s`` seconds a step."""
     rows, padded = task["rows"], task["padded"]
     augmented = rows * (1 + copies_per_example) if task.get("augment", True) else rows
@@ -143,6 +144,8 @@ def plan(task: dict, copies_per_example: float, cpu_flops_per_s: float, gpu_flop
         ("intermediate step", augmented * EPOCHS["intermediate"],
          augmented * (1 if teacher_cache else EPOCHS["intermediate"]) * teacher_forward,
          augmented * EPOCHS["intermediate"] * 3 * student_forward),
+        # With the cache, its build keeps the logits of the same forward pass: no second teacher pass.
+        ("teacher logits (in the cache)", augmented, 0.0, 0.0) if teacher_cache else
         ("teacher logits (cached once)", augmented, augmented * teacher_forward, 0.0),
         ("prediction step", augmented * EPOCHS["prediction"], 0.0, augmented * EPOCHS["prediction"] * 3 * student_forward),
     ]

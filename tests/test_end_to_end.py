@@ -122,12 +122,14 @@ def test_a_changed_setting_reruns_only_the_stages_that_read_it(smoke_run, tmp_pa
 def test_teacher_cache_runs_the_intermediate_step_from_cached_teacher_outputs(smoke_run, tmp_path):
     """`--set distill.teacher_cache=float16` on a finished run: the dry run lists the cache stage, then the job makes
     it (its size in the log, its time in the report) and runs the intermediate step again (its run id covers the
-    setting), reusing the teacher and the augmented set."""
+    setting), reusing the teacher and the augmented set; the teacher logits, made again, come from the cache's own
+    forward pass."""
     import shutil
 
     out, _ = smoke_run
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
+    shutil.rmtree(copy / "teacher_logits")
     old = json.loads((copy / "student_intermediate" / "stage.json").read_text())["run_id"]
     args = ("pipeline", "--config", str(ROOT / "configs" / "smoke.yaml"), "--output-dir", str(copy),
             "--set", "distill.teacher_cache=float16")
@@ -137,12 +139,14 @@ def test_teacher_cache_runs_the_intermediate_step_from_cached_teacher_outputs(sm
     assert rows["teacher_outputs"] == "run" and rows["student_intermediate"] == "replace" and rows["teacher"] == "reuse"
     result = _run(*args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "=== stage: teacher " not in result.stderr and "=== stage: augmentation " not in result.stderr
+    assert "=== stage: teacher -> " not in result.stderr and "=== stage: augmentation " not in result.stderr
     assert "teacher-output cache: " in result.stderr and " in float16 (" in result.stderr
     cache = json.loads((copy / "teacher_outputs" / "stage.json").read_text())
     assert cache["dtype"] == "float16" and cache["bytes"] > 0 and cache["seconds"] >= 0
     step = json.loads((copy / "student_intermediate" / "stage.json").read_text())
     assert step["run_id"] != old and step["teacher_cache"] == cache["run_id"]
+    assert json.loads((copy / "teacher_logits" / "stage.json").read_text())["source"] == "teacher_outputs"
+    assert "rows taken from the teacher-output cache" in result.stderr
     stages = json.loads((copy / "report.json").read_text())["student"]["timing"]["stage_seconds"]
     assert list(stages)[:5] == ["teacher", "mlm", "augmented", "general", "teacher_outputs"]
     assert "| teacher outputs (cached) |" in (copy / "report.md").read_text()

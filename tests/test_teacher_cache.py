@@ -18,6 +18,7 @@ from distill.method.teacher_cache import (
     TeacherCache,
     build_teacher_cache,
     cache_bytes,
+    cached_logits,
     with_cache_index,
 )
 from distill.method.trainer import train
@@ -259,3 +260,111 @@ def test_a_cache_built_from_left_padded_batches_gives_the_uncached_losses(tmp_pa
     for a, b in zip(uncached, cached):
         for name in a:
             assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
+
+
+def _logit_teachers(family="bert"):
+    """A sentence classifier and a token tagger (a per-token head) of 3 layers: tiny BERT, or tiny RoBERTa (which
+    counts positions from the first real token, so left padding does not move them)."""
+    from transformers import BertForTokenClassification, RobertaConfig, RobertaForTokenClassification
+
+    from distill.tasks import get_task_type
+    from tests.conftest import tiny_bert_config, tiny_roberta
+
+    sentence, token = get_task_type("sequence_classification"), get_task_type("token_classification")
+    torch.manual_seed(0)
+    if family == "roberta":
+        tagger = RobertaForTokenClassification(RobertaConfig(
+            vocab_size=400, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=70, num_labels=5, type_vocab_size=1, pad_token_id=1)).eval()
+        return [(sentence, tiny_roberta(seed=0, vocab_size=400, num_labels=3, num_hidden_layers=3)), (token, tagger)]
+    tagger = BertForTokenClassification(tiny_bert_config(num_labels=5, num_hidden_layers=3)).eval()
+    return [(sentence, tiny_bert(seed=0, num_labels=3, num_hidden_layers=3)), (token, tagger)]
+
+
+@pytest.mark.parametrize("family, side", [("bert", "right"), ("roberta", "left")])
+def test_the_cache_keeps_the_logits_of_its_forward_pass_in_the_dataset_order(tmp_path, tiny_tokenizer,
+                                                                             tiny_roberta_tokenizer, family, side):
+    """Given the task type's logit reader, every shard keeps the teacher's float32 logits; read back they are
+    predict()'s, per example and per token, whichever side the batches are padded on (on the left, the tagger only: a
+    sentence classifier reads its first position, which left padding fills); without the reader, or under another run
+    id, there are none to read."""
+    from distill.tasks.evaluate import predict
+
+    tokenizer = tiny_roberta_tokenizer if family == "roberta" else tiny_tokenizer
+    tokenizer.padding_side = side
+    data, collate = _data().remove_columns("labels"), DataCollatorWithPadding(tokenizer)
+    for kind, teacher in _logit_teachers(family)[1 if side == "left" else 0:]:
+        layout = CacheLayout((("hidden_states", 0), ("hidden_states", 3)), 32, 4)
+        folder = tmp_path / kind.name
+        build_teacher_cache(teacher, data, collate, layout, folder, "run", torch.float16, device=torch.device("cpu"),
+                            batch_size=5, shard_bytes=3_000, logits=kind.logits, per_token=kind.per_token)
+        assert len(json.loads((folder / "shards" / "run.json").read_text())["shards"]) >= 3
+        stored = cached_logits(folder, "run")
+        expected = predict(teacher, data, tokenizer, task_type=kind, device="cpu", batch_size=128)
+        assert len(stored) == len(data)
+        for got, want in zip(stored, expected):
+            assert got.dtype == np.float32 and got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert cached_logits(folder, "other run") is None
+        plain = tmp_path / f"{kind.name}-plain"
+        build_teacher_cache(teacher, data, collate, layout, plain, "run", torch.float16, device=torch.device("cpu"))
+        assert cached_logits(plain, "run") is None
+
+
+def test_a_cache_resumed_from_shards_without_logits_gives_none(tmp_path, tiny_tokenizer, monkeypatch):
+    """A build stopped before it kept logits (an earlier version) and resumed with the reader has shards without them:
+    the prediction step must then run the teacher itself, so there are none to read rather than some."""
+    data, collate = _data(), DataCollatorWithPadding(tiny_tokenizer)
+    kind, teacher = _logit_teachers()[0]
+    layout = CacheLayout((("hidden_states", 0),), 32, 4)
+    write = teacher_cache._write_shard
+    calls = []
+
+    def stop_after_one(*args):
+        if calls:
+            raise KeyboardInterrupt("simulated kill")
+        calls.append(args[8])
+        write(*args)
+
+    monkeypatch.setattr(teacher_cache, "_write_shard", stop_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        build_teacher_cache(teacher, data, collate, layout, tmp_path / "cache", "run", torch.float32,
+                            device=torch.device("cpu"), shard_bytes=1_000)
+    monkeypatch.setattr(teacher_cache, "_write_shard", write)
+    build_teacher_cache(teacher, data, collate, layout, tmp_path / "cache", "run", torch.float32,
+                        device=torch.device("cpu"), shard_bytes=1_000, logits=kind.logits)
+    assert (tmp_path / "cache" / "shards" / "shard-00001.logits.npz").is_file()
+    assert not (tmp_path / "cache" / "shards" / "shard-00000.logits.npz").exists()
+    assert cached_logits(tmp_path / "cache", "run") is None
+
+
+def test_the_teacher_logit_stage_takes_the_cached_logits_and_the_teacher_does_not_run(tmp_path, tiny_tokenizer):
+    """with_teacher_logits given the intermediate step's cache stores that cache's logits (the teacher never runs)
+    and says where they came from; given a cache without them, it runs the teacher as before."""
+    from distill.job.pipeline import with_teacher_logits
+    from distill.tasks.evaluate import predict
+
+    data, collate = _data().remove_columns("labels"), DataCollatorWithPadding(tiny_tokenizer)
+    for kind, teacher in _logit_teachers():
+        layout = CacheLayout((("hidden_states", 0),), 32, 4)
+        cache = tmp_path / kind.name / "teacher_outputs"
+        build_teacher_cache(teacher, data, collate, layout, cache, "cache-run", torch.float16,
+                            device=torch.device("cpu"), shard_bytes=2_000, logits=kind.logits, per_token=kind.per_token)
+        calls = []
+        hook = teacher.register_forward_hook(lambda *args: calls.append(1))
+        folder = tmp_path / kind.name / "teacher_logits"
+        added = with_teacher_logits(data, teacher, tiny_tokenizer, folder, "logits-run", task_type=kind,
+                                    device=torch.device("cpu"), cache=(cache, "cache-run"))
+        hook.remove()
+        assert not calls
+        assert json.loads((folder / "stage.json").read_text())["source"] == "teacher_outputs"
+        expected = predict(teacher, data, tiny_tokenizer, task_type=kind, device="cpu", batch_size=128)
+        for row, want in zip(added["teacher_logits"], expected):
+            np.testing.assert_allclose(np.asarray(row, dtype=np.float32), want, rtol=1e-5, atol=1e-6)
+        plain = tmp_path / kind.name / "plain_outputs"
+        build_teacher_cache(teacher, data, collate, layout, plain, "cache-run", torch.float16,
+                            device=torch.device("cpu"))
+        folder = tmp_path / kind.name / "teacher_logits_plain"
+        with_teacher_logits(data, teacher, tiny_tokenizer, folder, "logits-run", task_type=kind,
+                            device=torch.device("cpu"), cache=(plain, "cache-run"))
+        assert json.loads((folder / "stage.json").read_text())["source"] == "teacher"

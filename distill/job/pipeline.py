@@ -93,7 +93,8 @@ from distill.publish.report import (
 )
 from distill.job.stages import STAGES, ConfigView
 from distill.tasks import record_serving
-from distill.method.teacher_cache import CacheLayout, TeacherCache, build_teacher_cache, storage_dtype, with_cache_index
+from distill.method.teacher_cache import (CacheLayout, TeacherCache, build_teacher_cache, cached_logits, storage_dtype,
+                                          with_cache_index)
 from distill.method.terms import teacher_reads
 from distill.method.trainer import train
 from students import build_student, student_shape
@@ -485,7 +486,8 @@ def _distill_step(
         layout = CacheLayout.of(objective.teacher_reads, teacher.config)
         on_main(cache_dir, cache_id, lambda: build_teacher_cache(  # one process builds it; the others read it
             objective.teacher.to(device), train_set, collate, layout, cache_dir, cache_id,
-            storage_dtype(config.distill.teacher_cache), device=device, batch_size=train_config.batch_size))
+            storage_dtype(config.distill.teacher_cache), device=device, batch_size=train_config.batch_size,
+            logits=spec.type.logits, per_token=spec.type.per_token))  # the prediction step's logits, same pass
         cache = TeacherCache(cache_dir)
         if len(cache) != len(train_set):
             raise RuntimeError(f"the teacher-output cache in {cache_dir} has {len(cache)} rows, the data "
@@ -576,8 +578,10 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     _banner("task distillation, prediction step", folder)
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec).to(device)
+    # The intermediate step's teacher-output cache, when it had one, holds this teacher's logits on these rows.
+    cache = (folder.parent / "teacher_outputs", step1["teacher_cache"]) if step1.get("teacher_cache") else None
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
-                                    task_type=spec.type, device=device)
+                                    task_type=spec.type, device=device, cache=cache)
     mark_stage_started(folder)  # the step's wall time leaves out the teacher logits, timed in their own folder
     student = spec.type.model_class(spec).from_pretrained(folder.parent / "student_intermediate")
     weight = config.distill.weights.get("prediction", 1.0)
@@ -631,20 +635,33 @@ def distill_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
 
 
 def with_teacher_logits(train_set: datasets.Dataset, teacher, tokenizer, folder: Path, run_id: str, *,
-                        task_type: TaskType, device: torch.device) -> datasets.Dataset:
+                        task_type: TaskType, device: torch.device,
+                        cache: tuple[Path, str] | None = None) -> datasets.Dataset:
     """Add a ``teacher_logits`` column, (C,) per example, or (T_i, C) per example for a model with an output per
     token (no padding stored), computed once on ``device`` (where ``teacher`` is) and cached on disk: the prediction
-    step then skips the teacher forward."""
+    step then skips the teacher forward.
+
+    ``cache``: the folder and run id of a teacher-output cache built over these same rows by this same teacher (the
+    intermediate step's). When that build kept the logits of its forward pass
+    (:func:`distill.method.teacher_cache.cached_logits`) they are taken from it and the teacher does not run again;
+    they equal a fresh pass's to float rounding (other batches, other padding: about 1e-7 relative)."""
 
     def compute() -> None:  # one process computes them; the others then read them
         if finished_or_superseded(folder, run_id) is None:
             _start("teacher logits (cached for the prediction step)", folder)
-            logits = predict(teacher, train_set, tokenizer, task_type=task_type, device=device, batch_size=128)
+            logits = cached_logits(*cache) if cache is not None else None
+            if logits is not None and len(logits) == len(train_set):
+                logger.info("teacher logits: %d rows taken from the teacher-output cache in %s (stored by its forward "
+                            "pass)", len(logits), cache[0])
+                source = "teacher_outputs"
+            else:
+                logits = predict(teacher, train_set, tokenizer, task_type=task_type, device=device, batch_size=128)
+                source = "teacher"
             value = datasets.Value("float32")  # the logits' own dtype: the same numbers in half the space of float64
             feature = datasets.Sequence(datasets.Sequence(value) if isinstance(logits, list) else value)
             datasets.Dataset(pyarrow.table({"teacher_logits": logit_rows(logits)})).cast(
                 datasets.Features({"teacher_logits": feature})).save_to_disk(str(folder / "data"))
-            mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device)})
+            mark_stage_done(folder, run_id, {"num_rows": len(logits), "device": str(device), "source": source})
 
     on_main(folder, run_id, compute)
     cached = datasets.load_from_disk(str(folder / "data"))
@@ -1045,6 +1062,9 @@ def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> li
             and rows[-2]["action"] != "reuse":
         rows[-2].update(action="skip", why="the intermediate step is finished; its teacher outputs are not needed")
     add("teacher_logits", out / "teacher_logits", logits_id)
+    if config.distill.teacher_cache is not None and rows[-1]["action"] in ("run", "resume", "replace") \
+            and not rows[-1].get("note"):
+        rows[-1]["note"] = "from the teacher-output cache's own forward pass when that kept them"
     add("student", student_dir / "student", None if step1_id is None else STAGES["student"].run_id(
         config, {"student_intermediate": step1_id, "teacher_logits": logits_id}))
     if rows[-1]["action"] == "reuse" and rows[-2]["action"] != "reuse":  # only the prediction step reads the cache

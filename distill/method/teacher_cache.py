@@ -9,15 +9,19 @@ the training set once (a stage of its own, ``teacher_outputs/``) and every epoch
 What is stored, per training example and unpadded (its ``T_i`` real tokens), are the buffers the step's loss terms
 declare (:attr:`distill.method.terms.LossTerm.teacher_reads`): hidden states ``(T_i, H)`` of the embedding output and of
 the mapped layers, pre-softmax attention scores ``(A, T_i, T_i)`` of the mapped layers, and the query, key and value
-projections ``(T_i, H)`` each of the layer the relation term reads; in the chosen dtype. Nothing else (no logits: the
-prediction step has its own cache).
+projections ``(T_i, H)`` each of the layer the relation term reads; in the chosen dtype. The head's logits come out
+of the same forward pass: when the build is given the task type's logit reader, each shard keeps them too, in float32
+(``(C,)`` per example, ``(T_i, C)`` per token), and the prediction step's teacher-logit stage takes them from there
+(:func:`cached_logits`) instead of running the teacher over the training set a second time.
 
 Layout on disk: ``shards/run.json`` (run id, layout, dtype, the shard plan: written first, so a stopped build is
 recognised and resumed), ``shards/shard-NNNNN.bin`` (the shard's examples one after the other, each its buffers in
 layout order, flattened, raw values of the storage dtype) and ``shards/shard-NNNNN.npy`` (int64 offsets into it, in
-values, one per example plus the end). A shard is written to a temporary name and renamed, its ``.npy`` last, so a
-shard is complete exactly when its ``.npy`` exists: a build stopped at any point resumes at its first missing shard.
-Shards are cut at about :data:`SHARD_BYTES`, so the build holds one shard in memory, never the whole cache.
+values, one per example plus the end), and with logits ``shards/shard-NNNNN.logits.npz`` (``values``: the shard's logits
+in example order, ``(n, C)`` or per token ``(sum T_i, C)``; ``lengths``: each example's T_i, per token only). A shard is
+written to a temporary name and renamed, its offsets ``.npy`` last, so a shard is complete exactly when its ``.npy``
+exists: a build stopped at any point resumes at its first missing shard. Shards are cut at about :data:`SHARD_BYTES`, so
+the build holds one shard in memory, never the whole cache.
 
 Exactness. ``float32`` stores the values the teacher computes for the example: the cached step's losses equal the
 uncached step's to float rounding (the teacher runs each example padded with other examples than in the step's
@@ -151,6 +155,40 @@ def _shard_paths(folder: Path, index: int) -> tuple[Path, Path]:
     return base.with_suffix(".bin"), base.with_suffix(".npy")
 
 
+def _logits_path(folder: Path, index: int) -> Path:
+    return folder / "shards" / f"shard-{index:05d}.logits.npz"
+
+
+def cached_logits(folder: Path, run_id: str) -> np.ndarray | list[np.ndarray] | None:
+    """The teacher's logits a finished cache stored beside its buffers, in the dataset's order: (N, C) float32, or
+    for a per-token head a list of N (T_i, C) float32 arrays (the layout of :func:`distill.tasks.evaluate.predict`).
+
+    Args:
+        folder: the stage folder (``teacher_outputs/``).
+        run_id: the run id the cache must be finished under (the intermediate step's record names it).
+
+    Returns:
+        None when the folder holds no cache finished under ``run_id``, or one built without logits (by a build not
+        given a logit reader, or by an earlier version): the caller then runs the teacher itself.
+    """
+    marker = folder / "shards" / "run.json"
+    if not marker.is_file():
+        return None
+    meta = json.loads(marker.read_text(encoding="utf-8"))
+    if meta.get("run_id") != run_id or not meta.get("logits") or stage_done(folder, run_id) is None:
+        return None
+    paths = [_logits_path(folder, i) for i in range(len(meta["shards"]))]
+    if not all(path.is_file() for path in paths):
+        return None  # a build resumed from shards written without them
+    parts = [np.load(path) for path in paths]
+    if "lengths" not in parts[0]:
+        return np.concatenate([part["values"] for part in parts]).astype(np.float32, copy=False)
+    rows = []
+    for part in parts:
+        rows.extend(np.split(part["values"].astype(np.float32, copy=False), np.cumsum(part["lengths"])[:-1]))
+    return rows
+
+
 def _example_lengths(dataset) -> list[int]:
     from distill.method.trainer import example_lengths  # tokens per example, read from the Arrow column
 
@@ -159,7 +197,8 @@ def _example_lengths(dataset) -> list[int]:
 
 def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[[list], dict], layout: CacheLayout,
                         folder: Path, run_id: str, dtype: torch.dtype, *, device: torch.device,
-                        batch_size: int = 64, shard_bytes: int = SHARD_BYTES) -> dict:
+                        batch_size: int = 64, shard_bytes: int = SHARD_BYTES,
+                        logits: Callable[[object], torch.Tensor | None] | None = None, per_token: bool = False) -> dict:
     """Run ``teacher`` over ``dataset`` once and store the buffers of ``layout`` per example in ``folder``.
 
     Resumable: shards already written under ``run_id`` are kept; a folder holding another run id's cache is deleted
@@ -178,6 +217,9 @@ def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[
         device: where the teacher runs.
         batch_size: examples per teacher forward.
         shard_bytes: about this many bytes per shard file.
+        logits: the task type's logit reader (:meth:`distill.tasks.TaskType.logits`): each shard also keeps the
+            teacher's float32 logits of its examples, for :func:`cached_logits`. None: buffers only.
+        per_token: the head gives one row of logits per real token (:attr:`distill.tasks.TaskType.per_token`).
 
     Returns:
         The stage record: ``run_id``, ``num_rows``, ``bytes``, ``dtype``, ``layout``, ``seconds``.
@@ -218,7 +260,7 @@ def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[
                 ", ".join(f"{kind}[{layer}]" for kind, layer in layout.reads), folder, len(shards))
     mark_stage_started(folder)
     write_json_atomic(marker, {"run_id": run_id, "dtype": name, "layout": layout.to_json(), "shards": shards,
-                               "bytes": total, "num_rows": len(lengths)})
+                               "bytes": total, "num_rows": len(lengths), "logits": logits is not None})
     todo = [i for i in range(len(shards)) if not _shard_paths(folder, i)[1].is_file()]
     attentions = any(kind == "attentions" for kind, _ in layout.reads)
     was_training = teacher.training
@@ -228,7 +270,7 @@ def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[
         for index in todo:
             start, end = shards[index]
             _write_shard(teacher, dataset, collate_fn, layout, lengths, range(start, end), dtype, folder, index,
-                         device, batch_size, attentions, progress)
+                         device, batch_size, attentions, progress, logits, per_token)
     teacher.train(was_training)
     return mark_stage_done(folder, run_id, {"num_rows": len(lengths), "bytes": total, "dtype": name,
                                             "layout": layout.to_json(), "device": str(device)})
@@ -237,20 +279,24 @@ def build_teacher_cache(teacher: torch.nn.Module, dataset, collate_fn: Callable[
 @torch.no_grad()
 def _write_shard(teacher, dataset, collate_fn, layout: CacheLayout, lengths: list[int], examples: range,
                  dtype: torch.dtype, folder: Path, index: int, device: torch.device, batch_size: int,
-                 attentions: bool, progress) -> None:
-    """One shard: the teacher over ``examples`` (batched by length), each example's buffers flattened in place."""
+                 attentions: bool, progress, logits=None, per_token: bool = False) -> None:
+    """One shard: the teacher over ``examples`` (batched by length), each example's buffers flattened in place, and
+    with ``logits`` (a logit reader) each example's float32 logits beside them."""
     offsets = np.zeros(len(examples) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([layout.values(lengths[i]) for i in examples])
     values = torch.empty(int(offsets[-1]), dtype=dtype)
     order = sorted(examples, key=lambda i: lengths[i])
+    heads: list = [None] * len(examples)  # each example's logits, (C,) or (T_i, C)
     for first in range(0, len(order), batch_size):
         chunk = order[first:first + batch_size]
         batch = collate_fn([_without_index(dataset[i]) for i in chunk])
         left = _left_padded(batch)
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        outputs = run_model(teacher, batch, hidden_states=True, attentions=attentions)
+        outputs = run_model(teacher, batch, hidden_states=True, attentions=attentions,
+                            **({"logits": logits} if logits is not None else {}))
         width = batch["attention_mask"].shape[1]
         buffers = [tensor.to("cpu", dtype) for tensor in _buffers(outputs, layout)]  # one copy per buffer and batch
+        head = outputs.logits.float().cpu() if logits is not None and outputs.logits is not None else None
         del outputs
         for row, example in enumerate(chunk):
             length = lengths[example]
@@ -260,9 +306,17 @@ def _write_shard(teacher, dataset, collate_fn, layout: CacheLayout, lengths: lis
                 part = tensor[row][..., tokens, :][..., tokens] if tensor.dim() == 4 else tensor[row][tokens]
                 values[at:at + part.numel()] = part.reshape(-1)
                 at += part.numel()
+            if head is not None:
+                heads[example - examples.start] = (head[row][tokens] if per_token else head[row]).numpy()
         progress.update(len(chunk))
     data_path, offsets_path = _shard_paths(folder, index)
     write_atomic(data_path, _raw(values).numpy().tofile, temporary=data_path.with_suffix(".bin.tmp"))
+    if logits is not None and all(row is not None for row in heads):
+        arrays = {"values": np.concatenate(heads) if per_token else np.stack(heads)}
+        if per_token:
+            arrays["lengths"] = np.asarray([len(row) for row in heads], dtype=np.int64)
+        path = _logits_path(folder, index)
+        write_atomic(path, lambda handle: np.savez(handle, **arrays), temporary=path.with_suffix(".tmp.npz"))
     write_atomic(offsets_path, lambda handle: np.save(handle, offsets), temporary=offsets_path.with_suffix(".tmp.npy"))
     # the offsets last: the shard is complete when they exist
 
