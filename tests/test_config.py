@@ -296,6 +296,35 @@ def test_the_shipped_squad_pruned_recipe_is_the_measured_command():
     assert recipe.distill.prediction.num_epochs == 2 != squad.distill.prediction.num_epochs
 
 
+def test_the_mpnet_pruned_sweep_reuses_the_measured_whole_set_pipeline():
+    """configs/sweep_pruned_mpnet.yaml's 4-layer/312 entry is the measured whole-set MPNet pipeline (docs/results.md,
+    "The whole training set as the transfer set"), field for field but the benchmark and the sweep list, so that
+    pipeline's folders are the sweep's (every stage's run id equal); its students of equal depth share one
+    teacher-output cache run id and the others do not."""
+    import dataclasses
+
+    from distill.job.pipeline import sweep_entries, teacher_outputs_run_id
+    from distill.method.layer_map import build_layer_map
+    from distill.method.objective import intermediate_terms
+
+    sweep = load_config(ROOT / "configs/sweep_pruned_mpnet.yaml")
+    measured = load_config(ROOT / "configs/sst2_mpnet.yaml", {
+        "student.init": "pruned", "student.pruning.importance": "taylor", "teacher.max_train_examples_cpu": 10000,
+        "distill.teacher_cache": "float16", "distill.intermediate.num_epochs": 1, "distill.prediction.num_epochs": 3,
+        "distill.intermediate.group_by_length": True, "distill.prediction.group_by_length": True})
+    entries = sweep_entries(sweep)
+    entry = dataclasses.replace(entries["pruned-4l-312"], output_dir=measured.output_dir, sweep=measured.sweep,
+                                benchmark=measured.benchmark)
+    assert dataclasses.asdict(entry) == dataclasses.asdict(measured)
+    def cache_id(config):  # as the pipeline computes it for the uniform map of the entry's depth from 12 layers
+        layer_map = build_layer_map("uniform", 12, config.student.num_hidden_layers or 4)
+        return teacher_outputs_run_id(config, "teacher", "data", intermediate_terms(config.distill.weights), layer_map)
+
+    ids = {name: cache_id(config) for name, config in entries.items()}
+    assert ids["pruned-4l-312"] == ids["pruned-4l-192"] == ids["pruned-4l-96"]
+    assert len({ids["pruned-4l-312"], ids["pruned-6l-384"], ids["pruned-2l-192"]}) == 3
+
+
 @pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
                                             (".5", 0.5), ("2", 2.0), ("1.0e-4", 1e-4), ("1_000.5", 1000.5)])
 def test_a_float_field_takes_a_number_in_any_form_people_write(tmp_path, written, value):
