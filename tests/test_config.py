@@ -316,6 +316,7 @@ def test_the_mpnet_pruned_sweep_reuses_the_measured_whole_set_pipeline():
     entry = dataclasses.replace(entries["pruned-4l-312"], output_dir=measured.output_dir, sweep=measured.sweep,
                                 benchmark=measured.benchmark)
     assert dataclasses.asdict(entry) == dataclasses.asdict(measured)
+
     def cache_id(config):  # as the pipeline computes it for the uniform map of the entry's depth from 12 layers
         layer_map = build_layer_map("uniform", 12, config.student.num_hidden_layers or 4)
         return teacher_outputs_run_id(config, "teacher", "data", intermediate_terms(config.distill.weights), layer_map)
