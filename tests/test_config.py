@@ -266,13 +266,14 @@ def test_the_shipped_pair_tinybert_recipe_is_the_measured_command():
 
 
 def test_the_shipped_pair_pruned_recipe_is_the_measured_command():
-    """configs/pair_pruned.yaml is the pair recipe with the pruned 4-layer/312 student of the measured runs
-    (docs/results.md, "Pruned from the teacher" under the pair tasks), field for field, so the pair recipe's teacher,
-    masked LM and augmented set folders can be reused; the shape is reachable from the MiniLM-L6 teacher."""
+    """configs/pair_pruned.yaml is the pair recipe with the pruned 4-layer/312 student of the measured runs, ranked by
+    Taylor importance (docs/results.md, "Pruned from the teacher" under the pair tasks), field for field, so the pair
+    recipe's teacher, masked LM and augmented set folders can be reused; the shape is reachable from the MiniLM-L6
+    teacher."""
     from distill.job.preflight import check_student_fits_teacher
 
-    recipe, pair = _recipe_of_the_measured_command("pair_pruned", "pair_minilm",
-                                                   {"student.preset": "tinybert-4l-312", "student.init": "pruned"})
+    recipe, pair = _recipe_of_the_measured_command("pair_pruned", "pair_minilm", {
+        "student.preset": "tinybert-4l-312", "student.init": "pruned", "student.pruning.importance": "taylor"})
     check_student_fits_teacher(recipe)
     for section in ("task", "teacher", "mlm", "augment", "distill"):
         assert getattr(recipe, section) == getattr(pair, section), section
