@@ -3,6 +3,7 @@
     python run_distill.py pipeline   [--config FILE] [--output-dir DIR] [--task NAME] [--data-dir DIR] [--teacher X]
                                      [--student DIR]
     python run_distill.py seeds      [--seeds 42 43 44] [pipeline's flags but --push-to-hub]
+    python run_distill.py sweep      [--config FILE] [--seeds 42 43 44] [--output-dir DIR] [--dry-run]
     python run_distill.py distill --stage general [--teacher ENCODER] [--corpus FILE|HUB ...] [--max-steps N]
                                      [--streaming] [--output-dir DIR]
     python run_distill.py adapt-mlm  [--model ENCODER] [--corpus FILE ...] [--max-steps N] --output-dir DIR
@@ -152,6 +153,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
     _common(sweep, "sweep_sst2.yaml")
+    sweep.add_argument("--seeds", type=int, nargs="+", help="run the sweep once per seed, each in OUTPUT_DIR/seed-N "
+                       "(OUTPUT_DIR defaults to the config's output_dir + '_seeds'), then write seeds.md, seeds.json "
+                       "and seeds.png there: every student's metric and retained share as mean and spread over the "
+                       "seeds, e.g. --seeds 42 43 44")
     sweep.add_argument("--dry-run", action="store_true", help="print the resolved config, what each shared stage and "
                        "each student's stages would do (run, resume, reuse, replace, skip) with their run ids, and the "
                        "task data read as the run reads it, then stop; nothing is written")
@@ -382,7 +387,8 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
         overrides = {k: v for k, v in overrides.items() if v is not None}
         overrides.update(set_overrides(args.set))  # explicit: null is a value here
         config = load_config(config_file, overrides, ignore_none=False)
-        if args.command == "seeds" and args.output_dir is None:  # beside the plain job's folder, not inside it
+        if (args.command == "seeds" or getattr(args, "seeds", None)) and args.output_dir is None:
+            # beside the plain job's folder, not inside it
             config = dataclasses.replace(config, output_dir=f"{config.output_dir}_seeds")
         _setup_logging(None if getattr(args, "dry_run", False) else Path(config.output_dir))
         return COMMANDS[args.command](config, args)
@@ -512,6 +518,8 @@ def run_distill_command(config, args) -> int:
 def run_sweep_command(config, args) -> int:
     from distill.job.pipeline import plan_sweep, run_sweep
 
+    if args.seeds:
+        return _sweep_seeds(config, args)
     if args.dry_run:
         return _dry_run(config, plan_sweep)
     start = time.perf_counter()
@@ -521,6 +529,32 @@ def run_sweep_command(config, args) -> int:
     out = Path(config.output_dir) / "benchmark"
     print((out / "benchmark.md").read_text(encoding="utf-8"))
     print(f"sweep done in {time.perf_counter() - start:.0f} s; {len(report['rows'])} rows in {out}")
+    return 0
+
+
+def _sweep_seeds(config, args) -> int:
+    """``sweep --seeds``: the sweep once per seed, then the summary over the seeds (as ``seeds`` does for a job)."""
+    from distill.job.pipeline import plan_sweep
+    from distill.job.seeds import SeedsFailedError, plan_seeds, run_sweep_seeds
+    from distill.method.checkpoint import is_main_process
+
+    if args.dry_run:
+        rows = plan_seeds(config, args.seeds, plan=plan_sweep)  # a bad seed list is refused before the config
+        return _dry_run(config, lambda _: rows)
+    start = time.perf_counter()
+    out = Path(config.output_dir)
+    try:
+        run_sweep_seeds(config, args.seeds, command=_command_line(args.prog))
+    except SeedsFailedError as error:
+        if is_main_process() and (out / "seeds.md").is_file():
+            print((out / "seeds.md").read_text(encoding="utf-8"))
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if not is_main_process():  # under a multi-process launch the main process writes and prints the summary
+        return 0
+    print((out / "seeds.md").read_text(encoding="utf-8"))
+    print(f"{len(args.seeds)} sweeps done in {time.perf_counter() - start:.0f} s; summary and plot: "
+          f"{out / 'seeds.md'}, {out / 'seeds.png'}")
     return 0
 
 

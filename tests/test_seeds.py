@@ -221,3 +221,91 @@ def test_a_failing_seed_does_not_stop_the_others_and_the_finished_ones_are_summa
                              "--seeds", "42", "43"])
     captured = capsys.readouterr()
     assert code == 1 and "| 42 |" in captured.out and "seed 43: ModelError" in captured.err
+
+
+def _benchmark(teacher: float, rows: dict[str, tuple[float, float]]) -> dict:
+    """A benchmark report as run_benchmark writes it: the teacher first, then {name: (metric, latency at b32)}."""
+    entries = []
+    for name, (value, latency) in {"teacher": (teacher, 100.0), **rows}.items():
+        entries.append({"name": name, "model": name.split(" ")[0], "variant": "int8" if "int8" in name else "pytorch",
+                        "init": "pruned", "accuracy": value, "num_parameters": 1_000_000, "size_mb": 4.0,
+                        "latency_ms": {"b1_t64": latency / 10, "b32_t64": latency},
+                        "ratios": {"metric_retained": value / teacher, "faster_by": 100.0 / latency}})
+    return {"rows": entries, "setup": {"task": "sst2", "metric": "accuracy", "throughput_at": "b32_t64",
+                                       "num_threads": 2}}
+
+
+def test_the_sweeps_summary_is_each_students_mean_and_spread_over_its_own_seeds_teachers(tmp_path):
+    from distill.job.seeds import summarize_sweeps, sweeps_markdown
+    from distill.publish.benchmark import plot_over_seeds
+
+    reports = {42: _benchmark(0.90, {"small": (0.85, 20.0), "small int8": (0.84, 10.0)}),
+               43: _benchmark(0.80, {"small": (0.78, 25.0), "small int8": (0.70, 12.0)}),
+               44: _benchmark(0.85, {"small": (0.83, 22.0), "small int8": (0.80, 11.0), "late": (0.5, 5.0)})}
+    summary = summarize_sweeps(reports)
+    rows = {row["name"]: row for row in summary["rows"]}
+    assert list(rows) == ["teacher", "small", "small int8", "late"] and summary["seeds"] == [42, 43, 44]
+    shares = [0.85 / 0.90, 0.78 / 0.80, 0.83 / 0.85]  # each seed's student over that seed's teacher
+    assert rows["small"]["retained"]["mean"] == pytest.approx(statistics.fmean(shares))
+    assert rows["small"]["retained"]["std"] == pytest.approx(statistics.stdev(shares))
+    assert rows["small"]["metric"]["mean"] == pytest.approx((0.85 + 0.78 + 0.83) / 3)
+    assert (rows["small"]["faster_by"]["min"], rows["small"]["faster_by"]["max"]) == pytest.approx((4.0, 5.0))
+    assert rows["small int8"]["per_seed"][43]["retained"] == pytest.approx(0.70 / 0.80)
+    assert rows["teacher"]["retained"]["std"] == 0.0 and rows["late"]["metric"]["n"] == 1
+    table = sweeps_markdown({**summary, "command": "python run_distill.py sweep --seeds 42 43 44"})
+    line = next(line for line in table.splitlines() if line.startswith("| small |"))
+    assert f"{100 * statistics.fmean(shares):.1f}% ± {100 * statistics.stdev(shares):.1f}%" in line
+    assert "| 94.4, 97.5, 97.6 |" in line and "| 4.00-5.00x |" in line
+    assert "| late |" in table and table.splitlines()[-1].endswith("--seeds 42 43 44`")
+    late = next(line for line in table.splitlines() if line.startswith("| late |"))
+    assert late.endswith("| -, -, 58.8 |")  # a student one seed has: the others' cells empty, its mean that seed's
+    plot_over_seeds(summary, tmp_path / "seeds.png")
+    assert (tmp_path / "seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_over_seeds_runs_each_seeds_sweep_and_summarises_their_benchmarks(tmp_path, capsys):
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    path = tiny_job_every_stage(tmp_path, tokenizer)
+    job = yaml.safe_load(open(path))
+    job["export"] = {"onnx": False}
+    job["general"]["enabled"] = False
+    job["benchmark"] = {"batch_sizes": [1, 2], "seq_lengths": [8], "num_warmup": 1, "min_repeats": 2,
+                        "max_repeats": 2, "compress": [], "memory": False}
+    job["sweep"] = [{"name": "narrow", "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 16,
+                                                    "intermediate_size": 32, "num_attention_heads": 2,
+                                                    "init": "pruned"}},
+                    {"name": "random", "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 16,
+                                                    "intermediate_size": 32, "num_attention_heads": 2,
+                                                    "init": "random"}}]
+    yaml.safe_dump(job, open(path, "w"))
+    out = tmp_path / "sweeps"
+    command = ["sweep", "--config", path, "--output-dir", str(out), "--seeds", "7", "8"]
+    assert run_distill.main([*command, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert not out.exists()  # the dry run wrote nothing
+    for seed in (7, 8):
+        for stage, folder in (("teacher", "teacher"), ("narrow: pruned", "students/narrow/pruned"),
+                              ("random: student", "students/random/student")):
+            assert re.search(rf"^seed {seed}: {stage} +run +[0-9a-f]{{16}} +{re.escape(str(out / f'seed-{seed}' / folder))}",
+                             printed, re.M), (stage, printed)
+    assert re.search(rf"^summary +run +- +{re.escape(str(out / 'seeds.md'))}$", printed, re.M)
+    assert run_distill.main(command) == 0
+    summary = json.loads((out / "seeds.json").read_text())
+    benchmarks = {seed: json.loads((out / f"seed-{seed}" / "benchmark" / "benchmark.json").read_text())
+                  for seed in (7, 8)}
+    teachers = {seed: json.loads((out / f"seed-{seed}" / "teacher" / "stage.json").read_text()) for seed in (7, 8)}
+    assert teachers[7]["run_id"] != teachers[8]["run_id"]  # each seed its own teacher
+    rows = {row["name"]: row for row in summary["rows"]}
+    assert list(rows) == ["teacher", "narrow", "random"] and summary["seeds"] == [7, 8]
+    for name, row in rows.items():
+        found = {seed: next(r for r in benchmarks[seed]["rows"] if r["name"] == name) for seed in (7, 8)}
+        assert row["metric"]["mean"] == pytest.approx(statistics.fmean(found[s]["accuracy"] for s in (7, 8)))
+        for seed in (7, 8):
+            assert row["per_seed"][str(seed)]["retained"] == pytest.approx(
+                found[seed]["accuracy"] / teachers[seed]["dev"]["accuracy"])
+    assert (out / "seeds.png").is_file() and "| narrow | pytorch | pruned" in (out / "seeds.md").read_text()
+    assert summary["failed"] == {} and summary["command"]  # the command line that ran it (here pytest's)
+    # Run again: every stage of both seeds is reused and the summary is the same.
+    assert run_distill.main(command) == 0
+    again = json.loads((out / "seeds.json").read_text())
+    assert [row["metric"] for row in again["rows"]] == [row["metric"] for row in summary["rows"]]

@@ -4,7 +4,9 @@ A single run can mislead: on the bundled SST-2 sample the same default job gave 
 machines. :func:`run_seeds` runs the whole pipeline once per seed, each in ``<output_dir>/seed-<seed>/`` (every
 stage resumable as usual), and writes ``seeds.json`` and ``seeds.md``: each seed's teacher and student dev metrics,
 the share of the teacher's metric the student keeps, the task stages' wall time, then the mean, the sample standard
-deviation and the range over seeds.
+deviation and the range over seeds. :func:`run_sweep_seeds` does the same for a sweep (``sweep --seeds``): each
+seed's sweep and benchmark in its own folder, then every student's metric, retained share and speed-up over the
+seeds in ``seeds.md``, ``seeds.json`` and an accuracy/latency plot with error bars (``seeds.png``).
 
 The seed of every task stage changes with the run (teacher fine-tuning, masked LM, augmentation, both distillation
 steps); general distillation keeps its own, so it is made once and shared through its cache like any other job's.
@@ -21,7 +23,7 @@ import torch
 from distill.method.checkpoint import is_main_process, output_lock, write_json_atomic
 from distill.tasks import summary_metrics
 from distill.config import ConfigError, PipelineConfig, with_overrides
-from distill.job.pipeline import plan_pipeline, run_pipeline
+from distill.job.pipeline import plan_pipeline, run_pipeline, run_sweep
 from distill.job.processes import several_processes
 from distill.publish.report import task_seconds
 
@@ -58,9 +60,10 @@ def seed_configs(config: PipelineConfig, seeds: list[int]) -> dict[int, Pipeline
     return {seed: seeded(config, seed, base / f"seed-{seed}") for seed in seeds}
 
 
-def plan_seeds(config: PipelineConfig, seeds: list[int]) -> list[dict]:
-    """What :func:`run_seeds` would do (``seeds --dry-run``), changing nothing: each seed's
-    :func:`distill.job.pipeline.plan_pipeline` rows, their ``stage`` prefixed ``seed N:``, then the summary.
+def plan_seeds(config: PipelineConfig, seeds: list[int], plan=plan_pipeline) -> list[dict]:
+    """What :func:`run_seeds` would do (``seeds --dry-run``; with ``plan=plan_sweep``, what :func:`run_sweep_seeds`
+    would do, ``sweep --seeds --dry-run``), changing nothing: each seed's ``plan`` rows
+    (:func:`distill.job.pipeline.plan_pipeline` by default), their ``stage`` prefixed ``seed N:``, then the summary.
 
     The general stage, made once and shared: when the first seed that needs it would make it, the later seeds' rows
     say ``reuse``, naming that seed.
@@ -70,9 +73,9 @@ def plan_seeds(config: PipelineConfig, seeds: list[int]) -> list[dict]:
     """
     rows, general_made_by = [], {}
     for seed, run_config in seed_configs(config, seeds).items():
-        for row in plan_pipeline(run_config):
-            if row["stage"] == "general" and row["action"] in ("run", "resume", "replace"):
-                if row["run_id"] in general_made_by:
+        for row in plan(run_config):
+            if row["stage"].split(": ")[-1] == "general" and row["action"] in ("run", "resume", "replace"):
+                if row["run_id"] in general_made_by:  # a sweep's students share one general stage too
                     row = {**row, "action": "reuse", "note": f"made by seed {general_made_by[row['run_id']]}'s run"}
                 else:
                     general_made_by[row["run_id"]] = seed
@@ -106,28 +109,72 @@ def run_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | N
         SeedsFailedError: after the other seeds ran and the summary of those that finished was written, when at least
             one seed's run failed. ``KeyboardInterrupt`` stops the whole command at once (finished stages kept).
     """
+    def write(reports: dict, summary: dict) -> dict:
+        summary = {**summarize(reports), **summary}
+        write_json_atomic(base / "seeds.json", summary)
+        (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
+        return summary
+
+    base = Path(config.output_dir)
+    return _each_seed(config, seeds, run_pipeline, write, device, command)
+
+
+def run_sweep_seeds(config: PipelineConfig, seeds: list[int], device: torch.device | None = None,
+                    command: str | None = None) -> dict:
+    """Run the sweep (:func:`distill.job.pipeline.run_sweep`) once per seed, each in ``<output_dir>/seed-<seed>/``
+    with every task stage's seed set as :func:`seeded` sets it, then summarise the seeds' benchmarks
+    (:func:`summarize_sweeps`) in ``seeds.json``, ``seeds.md`` (:func:`sweeps_markdown`) and ``seeds.png``
+    (:func:`distill.publish.benchmark.plot_over_seeds`).
+
+    A failing seed is handled as :func:`run_seeds` handles it: logged and named, the others run and are summarised,
+    then :class:`SeedsFailedError`; running the same command again reuses every finished stage.
+
+    Returns:
+        The summary written to ``seeds.json``; empty in the other processes of a multi-process launch (the main
+        process alone benchmarks).
+
+    Raises:
+        ConfigError: as :func:`seed_configs`, and what :func:`distill.job.pipeline.run_sweep` refuses for the first
+            seed before any of its stages. SeedsFailedError: as :func:`run_seeds`.
+    """
+    from distill.publish.benchmark import plot_over_seeds
+
+    def write(reports: dict, summary: dict) -> dict:
+        reports = {seed: report for seed, report in reports.items() if report is not None}
+        if not reports:  # another process of a multi-process launch: the main one benchmarked and summarises
+            return {}
+        summary = {**summarize_sweeps(reports), **summary}
+        write_json_atomic(base / "seeds.json", summary)
+        (base / "seeds.md").write_text(sweeps_markdown(summary), encoding="utf-8")
+        plot_over_seeds(summary, base / "seeds.png")
+        return summary
+
+    base = Path(config.output_dir)
+    return _each_seed(config, seeds, run_sweep, write, device, command)
+
+
+def _each_seed(config: PipelineConfig, seeds: list[int], run, write, device: torch.device | None,
+               command: str | None) -> dict:
+    """``run(config of the seed, device)`` for each seed (:func:`seed_configs`), then, in the main process, ``write(
+    {seed: what run returned}, {"failed": {seed: error}, "command": command})`` over the seeds that finished; returns
+    what ``write`` returns (``{}`` when none finished or in another process). Raises as :func:`run_seeds`."""
     base = Path(config.output_dir)
     configs = seed_configs(config, seeds)  # every check before any run
-    reports, failed = {}, {}
-    with output_lock(base, command):  # each seed's own folder is locked by its pipeline
+    results, failed, summary = {}, {}, {}
+    with output_lock(base, command):  # each seed's own folder is locked by its own job
         for number, (seed, run_config) in enumerate(configs.items(), 1):
             logger.info("=== seed %d (%d of %d) -> %s", seed, number, len(seeds), run_config.output_dir)
             try:
-                reports[seed] = run_pipeline(run_config, device)
+                results[seed] = run(run_config, device)
             except Exception as error:  # noqa: BLE001 - one seed's failure is reported, the others still run
                 if several_processes():  # the processes cannot be kept in step after one failed alone: stop them all
                     raise
                 logger.exception("seed %d failed; its finished stages are kept, going on with the next seed", seed)
                 failed[seed] = f"{type(error).__name__}: {error}"
-        if reports:
-            summary = summarize(reports)
-            summary["failed"] = failed
-            summary["command"] = command
-            if is_main_process():  # under a multi-process launch, the main process writes it
-                write_json_atomic(base / "seeds.json", summary)
-                (base / "seeds.md").write_text(seeds_markdown(summary), encoding="utf-8")
+        if results and is_main_process():  # under a multi-process launch, the main process writes it
+            summary = write(results, {"failed": failed, "command": command})
     if failed:
-        done = (f"{base / 'seeds.md'} summarises the {len(reports)} that finished" if reports else "none finished")
+        done = (f"{base / 'seeds.md'} summarises the {len(results)} that finished" if results else "none finished")
         raise SeedsFailedError(
             f"{len(failed)} of {len(seeds)} seeds failed ({'; '.join(f'seed {s}: {m}' for s, m in failed.items())}); "
             f"{done}. Fix the cause and re-run the same command: finished stages are reused (tracebacks in "
@@ -227,6 +274,76 @@ def seeds_markdown(summary: dict) -> str:
     failed = "".join(f"\nSeed {run['seed']}: retained {run['retained_note']}\n"
                      for run in summary["runs"] if run.get("retained_note"))
     failed += "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
+                     for seed, message in summary.get("failed", {}).items())
+    return ("\n".join(lines) + note + failed
+            + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))
+
+
+def summarize_sweeps(reports: dict[int, dict]) -> dict:
+    """The seeds' sweep benchmarks side by side: for each benchmark row (a model and variant, by its name in the
+    first seed's report, then any a later seed adds), its dev metric, its share of the teacher's, its latency and
+    speed-up, over the seeds that have it.
+
+    Args:
+        reports: {seed: the benchmark report :func:`distill.job.pipeline.run_sweep` returns}; each report's first
+            row is its own teacher, so a share is always of the same seed's teacher.
+
+    Returns:
+        {"seeds": [...], "task", "metric", "throughput_at" (e.g. ``b32_t64``), "num_threads", "rows": [{"name",
+        "model", "variant", "init", "num_parameters", "size_mb", "metric" | "retained" | "faster_by" | "latency_ms":
+        {"mean", "std", "min", "max", "n"}, "per_seed": {seed: {"metric", "retained", "faster_by", "latency_ms"}}},
+        ...]}. ``retained`` is the row's metric over its seed's teacher's (the benchmark's ``metric_retained``; left
+        out where that is None); ``faster_by`` and ``latency_ms`` are at ``throughput_at`` (ms, median of the
+        benchmark's repeats); ``std`` the sample standard deviation (0 for one seed).
+    """
+    first = next(iter(reports.values()))["setup"]
+    metric, key = first["metric"], first["throughput_at"]
+    per_name: dict[str, dict] = {}
+    for seed, report in reports.items():
+        for row in report["rows"]:
+            entry = per_name.setdefault(row["name"], {
+                "name": row["name"], "model": row["model"], "variant": row["variant"], "init": row["init"],
+                "num_parameters": row["num_parameters"], "size_mb": row["size_mb"], "per_seed": {}})
+            entry["per_seed"][seed] = {"metric": row[metric], "retained": row["ratios"]["metric_retained"],
+                                       "faster_by": row["ratios"]["faster_by"], "latency_ms": row["latency_ms"][key]}
+    rows = []
+    for entry in per_name.values():
+        for field in ("metric", "retained", "faster_by", "latency_ms"):
+            found = [value[field] for value in entry["per_seed"].values() if value[field] is not None]
+            entry[field] = _spread(found) if found else None
+        rows.append(entry)
+    return {"seeds": list(reports), "task": first["task"], "metric": metric, "throughput_at": key,
+            "num_threads": first["num_threads"], "rows": rows}
+
+
+def sweeps_markdown(summary: dict) -> str:
+    """``seeds.md`` of ``sweep --seeds``: one row per model and variant, its metric and retained share as mean ± sd
+    over the seeds with each seed's share beside them, its speed-up as the range over seeds."""
+    metric, seeds = summary["metric"], summary["seeds"]
+    batch, length = summary["throughput_at"][1:].split("_t")
+    header = ["model", "variant", "init", "params (M)", "size (MB)", f"ms batch {batch}, length {length} (mean)",
+              "faster by (range)", f"{metric} (mean ± sd)", "retained (mean ± sd)",
+              f"retained per seed ({', '.join(map(str, seeds))})"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in summary["rows"]:
+        per_seed = ", ".join("-" if seed not in row["per_seed"] or row["per_seed"][seed]["retained"] is None
+                             else f"{100 * row['per_seed'][seed]['retained']:.1f}" for seed in seeds)
+        speed = row["faster_by"]
+        lines.append("| " + " | ".join([
+            row["name"], row["variant"], row["init"], f"{row['num_parameters'] / 1e6:.1f}", f"{row['size_mb']:.1f}",
+            f"{row['latency_ms']['mean']:.1f}",
+            f"{speed['min']:.2f}x" if speed["n"] < 2 else f"{speed['min']:.2f}-{speed['max']:.2f}x",
+            _show(row["metric"], False), _show(row["retained"], False, 100, "%", 1), per_seed]) + " |")
+    runs = len(seeds)
+    spread_said = ("sd is the sample standard deviation over the seeds" if runs > 1 else
+                   "one seed has no spread: name more with --seeds for one")
+    note = (f"\n\nThe same sweep run {runs} time{'s' if runs > 1 else ''}, one per seed (every task stage's seed: "
+            f"teacher, masked LM, augmentation, both distillation steps); each seed's benchmark in "
+            f"seed-N/benchmark/. Retained is a model's dev {metric} over its own seed's teacher's; {spread_said}. "
+            f"Latency and 'faster by' at batch {batch}, length {length}, {summary['num_threads']} threads, timed by "
+            "each seed's benchmark (a busy machine widens their range). The plot (seeds.png) draws the means, with "
+            f"the sd of {metric} and the range of latency as bars.\n")
+    failed = "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
                      for seed, message in summary.get("failed", {}).items())
     return ("\n".join(lines) + note + failed
             + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))

@@ -477,3 +477,28 @@ def plot_figure(report: dict):
     axes.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     return figure
+
+
+def plot_over_seeds(summary: dict, path: Path) -> None:
+    """:func:`plot`'s figure for a sweep run over several seeds (:func:`distill.job.seeds.summarize_sweeps`): each
+    model and variant at its mean latency and mean metric over the seeds, with the metric's sample standard deviation
+    and the latency's range over the seeds as error bars."""
+    import matplotlib.pyplot as plt
+
+    key, metric = summary["throughput_at"], summary["metric"]
+    rows = [{"model": row["model"], "variant": row["variant"], "num_parameters": row["num_parameters"],
+             "latency_ms": {key: row["latency_ms"]["mean"]}, metric: row["metric"]["mean"]}
+            for row in summary["rows"]]
+    figure = plot_figure({"rows": rows, "setup": {"metric": metric, "throughput_at": key, "task": summary["task"],
+                                                  "num_threads": summary["num_threads"]}})
+    axes = figure.axes[0]
+    for row in summary["rows"]:
+        latency, value = row["latency_ms"], row["metric"]
+        axes.errorbar(latency["mean"], value["mean"], yerr=value["std"],
+                      xerr=[[latency["mean"] - latency["min"]], [latency["max"] - latency["mean"]]],
+                      fmt="none", ecolor="dimgrey", elinewidth=0.8, capsize=2, zorder=2.5)
+    seeds = summary["seeds"]
+    axes.set_title(f"Mean over seeds {', '.join(map(str, seeds))}: {metric} ± sd, latency range "
+                   "(colour: model; marker: variant; area: parameters)", fontsize=9)
+    figure.savefig(path)
+    plt.close(figure)
