@@ -473,16 +473,24 @@ def run_pipeline_command(config, args) -> int:
 
 
 def run_seeds_command(config, args) -> int:
+    from distill.job.pipeline import plan_pipeline
+    from distill.job.seeds import run_seeds
+
+    return _over_seeds(config, args, plan_pipeline, run_seeds, "runs", "summary")
+
+
+def _over_seeds(config, args, plan, run, done: str, outputs: str) -> int:
+    """``seeds`` and ``sweep --seeds``: the dry run (``plan`` for each seed) or ``run``, then the summary printed."""
     from distill.method.checkpoint import is_main_process
-    from distill.job.seeds import SeedsFailedError, plan_seeds, run_seeds
+    from distill.job.seeds import SeedsFailedError, plan_seeds
 
     if args.dry_run:
-        rows = plan_seeds(config, args.seeds)  # a bad seed list is refused before the config is printed
+        rows = plan_seeds(config, args.seeds, plan=plan)  # a bad seed list is refused before the config is printed
         return _dry_run(config, lambda _: rows)
     start = time.perf_counter()
     out = Path(config.output_dir)
     try:
-        run_seeds(config, args.seeds, command=_command_line(args.prog))
+        run(config, args.seeds, command=_command_line(args.prog))
     except SeedsFailedError as error:
         if is_main_process() and (out / "seeds.md").is_file():
             print((out / "seeds.md").read_text(encoding="utf-8"))
@@ -491,7 +499,7 @@ def run_seeds_command(config, args) -> int:
     if not is_main_process():  # under a multi-process launch the main process writes and prints the summary
         return 0
     print((out / "seeds.md").read_text(encoding="utf-8"))
-    print(f"{len(args.seeds)} runs done in {time.perf_counter() - start:.0f} s; summary: {out / 'seeds.md'}")
+    print(f"{len(args.seeds)} {done} done in {time.perf_counter() - start:.0f} s; {outputs}: {out / 'seeds.md'}")
     return 0
 
 
@@ -518,8 +526,10 @@ def run_distill_command(config, args) -> int:
 def run_sweep_command(config, args) -> int:
     from distill.job.pipeline import plan_sweep, run_sweep
 
-    if args.seeds:
-        return _sweep_seeds(config, args)
+    if args.seeds:  # once per seed, then the summary over the seeds
+        from distill.job.seeds import run_sweep_seeds
+
+        return _over_seeds(config, args, plan_sweep, run_sweep_seeds, "sweeps", "summary (plot: seeds.png)")
     if args.dry_run:
         return _dry_run(config, plan_sweep)
     start = time.perf_counter()
@@ -529,32 +539,6 @@ def run_sweep_command(config, args) -> int:
     out = Path(config.output_dir) / "benchmark"
     print((out / "benchmark.md").read_text(encoding="utf-8"))
     print(f"sweep done in {time.perf_counter() - start:.0f} s; {len(report['rows'])} rows in {out}")
-    return 0
-
-
-def _sweep_seeds(config, args) -> int:
-    """``sweep --seeds``: the sweep once per seed, then the summary over the seeds (as ``seeds`` does for a job)."""
-    from distill.job.pipeline import plan_sweep
-    from distill.job.seeds import SeedsFailedError, plan_seeds, run_sweep_seeds
-    from distill.method.checkpoint import is_main_process
-
-    if args.dry_run:
-        rows = plan_seeds(config, args.seeds, plan=plan_sweep)  # a bad seed list is refused before the config
-        return _dry_run(config, lambda _: rows)
-    start = time.perf_counter()
-    out = Path(config.output_dir)
-    try:
-        run_sweep_seeds(config, args.seeds, command=_command_line(args.prog))
-    except SeedsFailedError as error:
-        if is_main_process() and (out / "seeds.md").is_file():
-            print((out / "seeds.md").read_text(encoding="utf-8"))
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    if not is_main_process():  # under a multi-process launch the main process writes and prints the summary
-        return 0
-    print((out / "seeds.md").read_text(encoding="utf-8"))
-    print(f"{len(args.seeds)} sweeps done in {time.perf_counter() - start:.0f} s; summary and plot: "
-          f"{out / 'seeds.md'}, {out / 'seeds.png'}")
     return 0
 
 
