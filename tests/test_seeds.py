@@ -263,12 +263,15 @@ def test_the_sweeps_summary_is_each_students_mean_and_spread_over_its_own_seeds_
     assert (tmp_path / "seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_sweep_over_seeds_runs_each_seeds_sweep_and_summarises_their_benchmarks(tmp_path, capsys):
+def _tiny_sweep(tmp_path, **distill) -> str:
+    """The tiny every-stage job (no general stage, no ONNX) with a quick benchmark and two one-layer students: one
+    pruned from the teacher, one from random weights; ``distill`` updates its distill section."""
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
     path = tiny_job_every_stage(tmp_path, tokenizer)
     job = yaml.safe_load(open(path))
     job["export"] = {"onnx": False}
     job["general"]["enabled"] = False
+    job["distill"].update(distill)
     job["benchmark"] = {"batch_sizes": [1, 2], "seq_lengths": [8], "num_warmup": 1, "min_repeats": 2,
                         "max_repeats": 2, "compress": [], "memory": False}
     job["sweep"] = [{"name": "narrow", "student": {"preset": None, "num_hidden_layers": 1, "hidden_size": 16,
@@ -278,6 +281,36 @@ def test_a_sweep_over_seeds_runs_each_seeds_sweep_and_summarises_their_benchmark
                                                     "intermediate_size": 32, "num_attention_heads": 2,
                                                     "init": "random"}}]
     yaml.safe_dump(job, open(path, "w"))
+    return path
+
+
+def test_a_sweeps_students_of_one_depth_share_one_teacher_output_cache(tmp_path, capsys, monkeypatch):
+    import distill.job.pipeline as pipeline
+
+    path, out = _tiny_sweep(tmp_path, teacher_cache="float16"), tmp_path / "sweep"
+    builds = []
+    build = pipeline.build_teacher_cache
+    monkeypatch.setattr(pipeline, "build_teacher_cache",  # the folder it is given, and whether it holds a finished one
+                        lambda *a, **k: builds.append((a[4], (a[4] / "stage.json").is_file())) or build(*a, **k))
+    command = ["sweep", "--config", path, "--output-dir", str(out)]
+    assert run_distill.main([*command, "--dry-run"]) == 0
+    plan = {line.split()[0] + " " + line.split()[1]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("narrow: teacher_outputs", "random: teacher_outputs"))}
+    first, second = plan["narrow: teacher_outputs"].split(), plan["random: teacher_outputs"].split()
+    assert first[2] == "run" and second[2] == "reuse" and first[3] == second[3]  # one run id, made by the first
+    assert first[4] == second[4] == str(out / f"teacher_outputs-{first[3]}") and "made by narrow's run" in \
+        plan["random: teacher_outputs"]
+    assert run_distill.main(command) == 0
+    shared = out / f"teacher_outputs-{first[3]}"
+    assert builds == [(shared, False), (shared, True)]  # built by the first student, found finished by the second
+    assert not list(out.glob("students/*/teacher_outputs")) and len(list(out.glob("teacher_outputs-*"))) == 1
+    steps = [json.loads((out / "students" / name / "student_intermediate" / "stage.json").read_text())
+             for name in ("narrow", "random")]
+    assert steps[0]["teacher_cache"] == steps[1]["teacher_cache"] == first[3]
+
+
+def test_a_sweep_over_seeds_runs_each_seeds_sweep_and_summarises_their_benchmarks(tmp_path, capsys):
+    path = _tiny_sweep(tmp_path)
     out = tmp_path / "sweeps"
     command = ["sweep", "--config", path, "--output-dir", str(out), "--seeds", "7", "8"]
     assert run_distill.main([*command, "--dry-run"]) == 0

@@ -443,6 +443,20 @@ def _student_layers(config: ConfigView, teacher_config, start: str | None = None
     return student_shape(config.student, teacher_config)["num_hidden_layers"]
 
 
+def teacher_cache_folder(student_dir: Path, out: Path, cache_id: str) -> Path:
+    """Where the teacher-output cache of the student whose steps go to ``student_dir`` lives.
+
+    ``teacher_outputs/`` beside the steps, except for a sweep's student (``out/students/<name>``): there it is
+    ``out/teacher_outputs-<cache_id>``, one folder for every student of the sweep whose cache has that run id (the run
+    id names the teacher layers read and the data, not the student's width, so the students of one depth share it and
+    a further width costs only its own pruning and steps). A sweep student that already holds a cache in its own
+    ``teacher_outputs/`` (a sweep run before the cache was shared) keeps reading it there."""
+    own = student_dir / "teacher_outputs"
+    if student_dir.parent != out / "students" or own.is_dir():
+        return own
+    return out / f"teacher_outputs-{cache_id}"
+
+
 def teacher_outputs_run_id(config: PipelineConfig, teacher_id: str, data_id: str, terms, layer_map: list[int]) -> str:
     """The teacher-output cache's run id: the teacher, the training set, ``task.max_seq_length``, the storage dtype
     and the teacher buffers the intermediate terms read with ``layer_map``."""
@@ -549,9 +563,9 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
         return on_main(folder, run_id, lambda: _save_student(
             folder, student, tokenizer, record=(run_id, {"layer_map": None, "skipped": True, "weights": {}, **record})))
     cache = None
-    if config.distill.teacher_cache is not None:  # beside the step's folder: each student of a sweep has its own
-        cache = (folder.parent / "teacher_outputs",
-                 teacher_outputs_run_id(full_config, teacher_record["run_id"], data_run_id, terms, layer_map))
+    if config.distill.teacher_cache is not None:  # shared by a sweep's students that read the same teacher layers
+        cache_id = teacher_outputs_run_id(full_config, teacher_record["run_id"], data_run_id, terms, layer_map)
+        cache = (teacher_cache_folder(folder.parent, out, cache_id), cache_id)
         record["teacher_cache"] = cache[1]
     objective = _distill_step("intermediate", config, spec, teacher, student, tokenizer, train_set, terms,
                               config.distill.intermediate, folder, run_id, device, layer_map, start=general["folder"],
@@ -579,7 +593,8 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher"), spec).to(device)
     # The intermediate step's teacher-output cache, when it had one, holds this teacher's logits on these rows.
-    cache = (folder.parent / "teacher_outputs", step1["teacher_cache"]) if step1.get("teacher_cache") else None
+    cache = ((teacher_cache_folder(folder.parent, out, step1["teacher_cache"]), step1["teacher_cache"])
+             if step1.get("teacher_cache") else None)
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
                                     task_type=spec.type, device=device, cache=cache)
     mark_stage_started(folder)  # the step's wall time leaves out the teacher logits, timed in their own folder
@@ -1053,7 +1068,8 @@ def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> li
             rows[-1]["note"] = "in stages, whose shapes are read against the teacher's config: not readable yet"
     if config.distill.teacher_cache is not None:
         cache_id = _planned_cache_id(config, out, teacher_id, data_id, student_dir)
-        add("teacher_outputs", student_dir / "teacher_outputs", cache_id,
+        add("teacher_outputs", teacher_cache_folder(student_dir, out, cache_id) if cache_id
+            else student_dir / "teacher_outputs", cache_id,
             None if cache_id else "no intermediate term, or the teacher's config cannot be read yet")
     step1_id = add("student_intermediate", student_dir / "student_intermediate", None if general_id is None else
                    STAGES["student_intermediate"].run_id(
@@ -1078,7 +1094,8 @@ def plan_sweep(config: PipelineConfig) -> list[dict]:
     """What :func:`run_sweep` would do with ``config`` (``sweep --dry-run``), changing nothing: the shared stages
     (teacher, masked LM, augmentation, teacher logits) once, then each entry's own stages in ``students/<name>/``
     (their ``stage`` prefixed with the entry's name), then the benchmark. Rows as :func:`plan_pipeline`'s; the teacher
-    logits are skipped only when every student is finished.
+    logits are skipped only when every student is finished; a teacher-output cache shared by several students
+    (:func:`teacher_cache_folder`) is made by the first that needs it and reused by the others.
 
     Raises:
         ConfigError: no ``sweep:`` list; and what :func:`distill.job.preflight.preflight` refuses for an entry (named).
@@ -1086,7 +1103,7 @@ def plan_sweep(config: PipelineConfig) -> list[dict]:
     if not config.sweep:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
     out = Path(config.output_dir)
-    shared, logits, students = [], [], []
+    shared, logits, students, cache_made_by = [], [], [], {}
     for name, entry_config in sweep_entries(config).items():
         try:
             rows = plan_pipeline(entry_config, student_dir=out / "students" / name)
@@ -1096,7 +1113,15 @@ def plan_sweep(config: PipelineConfig) -> list[dict]:
         shared = shared or rows[:split]
         own = [row for row in rows[split:] if row["stage"] not in ("report", "export")]
         logits.append(next(row for row in own if row["stage"] == "teacher_logits"))
-        students += [{**row, "stage": f"{name}: {row['stage']}"} for row in own if row is not logits[-1]]
+        for row in own:
+            if row is logits[-1]:
+                continue
+            if row["stage"] == "teacher_outputs" and row["action"] in ("run", "resume", "replace"):
+                if row["folder"] in cache_made_by:  # a shared cache: the first student that needs it makes it
+                    row = {**row, "action": "reuse", "note": f"made by {cache_made_by[row['folder']]}'s run"}
+                else:
+                    cache_made_by[row["folder"]] = name
+            students.append({**row, "stage": f"{name}: {row['stage']}"})
     needed = [row for row in logits if row["action"] != "skip"]  # a student still to train reads them
     logits = needed[0] if needed else {**logits[0], "why": "every student is finished; the teacher logits are not "
                                                            "needed"}
