@@ -1090,6 +1090,18 @@ def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> li
     return rows
 
 
+def shared_row(row: dict, made_by: dict, key: str, maker: str) -> dict:
+    """A dry-run row of a stage that several runs share (one ``key``: its run id or folder): the first row that would
+    make it (``run``, ``resume``, ``replace``) is kept and ``maker`` recorded in ``made_by[key]``; a later one becomes
+    ``reuse`` with the note ``made by <maker>'s run``. Rows with any other action are returned as they are."""
+    if row["action"] not in ("run", "resume", "replace"):
+        return row
+    if key in made_by:
+        return {**row, "action": "reuse", "note": f"made by {made_by[key]}'s run"}
+    made_by[key] = maker
+    return row
+
+
 def plan_sweep(config: PipelineConfig) -> list[dict]:
     """What :func:`run_sweep` would do with ``config`` (``sweep --dry-run``), changing nothing: the shared stages
     (teacher, masked LM, augmentation, teacher logits) once, then each entry's own stages in ``students/<name>/``
@@ -1116,11 +1128,8 @@ def plan_sweep(config: PipelineConfig) -> list[dict]:
         for row in own:
             if row is logits[-1]:
                 continue
-            if row["stage"] == "teacher_outputs" and row["action"] in ("run", "resume", "replace"):
-                if row["folder"] in cache_made_by:  # a shared cache: the first student that needs it makes it
-                    row = {**row, "action": "reuse", "note": f"made by {cache_made_by[row['folder']]}'s run"}
-                else:
-                    cache_made_by[row["folder"]] = name
+            if row["stage"] == "teacher_outputs":  # a shared cache: the first student that needs it makes it
+                row = shared_row(row, cache_made_by, row["folder"], name)
             students.append({**row, "stage": f"{name}: {row['stage']}"})
     needed = [row for row in logits if row["action"] != "skip"]  # a student still to train reads them
     logits = needed[0] if needed else {**logits[0], "why": "every student is finished; the teacher logits are not "

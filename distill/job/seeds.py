@@ -23,7 +23,7 @@ import torch
 from distill.method.checkpoint import is_main_process, output_lock, write_json_atomic
 from distill.tasks import summary_metrics
 from distill.config import ConfigError, PipelineConfig, with_overrides
-from distill.job.pipeline import plan_pipeline, run_pipeline, run_sweep
+from distill.job.pipeline import plan_pipeline, run_pipeline, run_sweep, shared_row
 from distill.job.processes import several_processes
 from distill.publish.report import task_seconds
 
@@ -74,11 +74,8 @@ def plan_seeds(config: PipelineConfig, seeds: list[int], plan=plan_pipeline) -> 
     rows, general_made_by = [], {}
     for seed, run_config in seed_configs(config, seeds).items():
         for row in plan(run_config):
-            if row["stage"].split(": ")[-1] == "general" and row["action"] in ("run", "resume", "replace"):
-                if row["run_id"] in general_made_by:  # a sweep's students share one general stage too
-                    row = {**row, "action": "reuse", "note": f"made by seed {general_made_by[row['run_id']]}'s run"}
-                else:
-                    general_made_by[row["run_id"]] = seed
+            if row["stage"].split(": ")[-1] == "general":  # a sweep's students share one general stage too
+                row = shared_row(row, general_made_by, row["run_id"], f"seed {seed}")
             rows.append({**row, "stage": f"seed {seed}: {row['stage']}"})
     rows.append({"stage": "summary", "folder": str(Path(config.output_dir) / "seeds.md"), "run_id": None,
                  "action": "run"})
@@ -271,12 +268,9 @@ def seeds_markdown(summary: dict) -> str:
             "retained is the student's dev metric over its own run's teacher's (left out where the teacher's is at or "
             f"below 0; n counts the runs that have it); {spread_said}. Task stages: wall time of the stages each run "
             "ran, general distillation left out (made once, reused); a resumed stage counts from its resume.\n")
-    failed = "".join(f"\nSeed {run['seed']}: retained {run['retained_note']}\n"
-                     for run in summary["runs"] if run.get("retained_note"))
-    failed += "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
-                     for seed, message in summary.get("failed", {}).items())
-    return ("\n".join(lines) + note + failed
-            + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))
+    notes = "".join(f"\nSeed {run['seed']}: retained {run['retained_note']}\n"
+                    for run in summary["runs"] if run.get("retained_note"))
+    return "\n".join(lines) + note + notes + _failed_and_command(summary)
 
 
 def summarize_sweeps(reports: dict[int, dict]) -> dict:
@@ -343,7 +337,11 @@ def sweeps_markdown(summary: dict) -> str:
             f"Latency and 'faster by' at batch {batch}, length {length}, {summary['num_threads']} threads, timed by "
             "each seed's benchmark (a busy machine widens their range). The plot (seeds.png) draws the means, with "
             f"the sd of {metric} and the range of latency as bars.\n")
+    return "\n".join(lines) + note + _failed_and_command(summary)
+
+
+def _failed_and_command(summary: dict) -> str:
+    """The end of a ``seeds.md``: each failed seed with its error, then the command that ran (when known)."""
     failed = "".join(f"\nSeed {seed} failed, not in the table: {message}\n"
                      for seed, message in summary.get("failed", {}).items())
-    return ("\n".join(lines) + note + failed
-            + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else ""))
+    return failed + (f"\nCommand: `{summary['command']}`\n" if summary.get("command") else "")
