@@ -612,7 +612,7 @@ def run_adapt_mlm_command(config, args) -> int:
 
 
 def run_augment_command(config, args) -> int:
-    from augment import run_augment
+    from distill.job.augmentation import run_augment
 
     summary = run_augment(config, args.input, args.text_columns, args.split, args.export)
     print(f"{summary['num_rows']} rows ({summary['num_augmented']} augmented) from {summary['num_examples']} "

@@ -1,5 +1,8 @@
 """TinyBERT data augmentation: masked-LM candidates for single-piece words, word-vector neighbours for the rest;
-string columns (sentences) and word-list columns (token classification, word for word: :mod:`augment.tokens`)."""
+string columns (sentences) and word-list columns (token classification, word for word: :mod:`augment.tokens`).
+
+The `augment` command, which augments a training set into a resumable stage folder, is the job's
+(:func:`distill.job.augmentation.run_augment`, also ``distill.run_augment``)."""
 
 from augment.augmenter import (
     CandidateGenerator,
@@ -20,7 +23,6 @@ from augment.dataset import (
     shard_folders,
 )
 from augment.generator import build_generator, generator_factory
-from augment.run import run_augment
 from augment.tokens import TagMask, only_tags, replacement_stats, word_candidates
 from augment.vectors import NeighbourCache, VectorsError, check_word_vectors, load_word_vectors
 
@@ -44,7 +46,6 @@ __all__ = [
     "match_case",
     "only_tags",
     "replacement_stats",
-    "run_augment",
     "sample_copies",
     "sample_word_copies",
     "split_words",

@@ -31,7 +31,7 @@ from augment.augmenter import CandidateGenerator, sample_copies, sample_word_cop
 from augment.tokens import check_words, is_word_list_feature, word_candidates, word_masks
 from distill.method.checkpoint import CheckpointError, write_json_atomic
 from distill.config import AugmentConfig, fingerprint, hashed_dict
-from distill.job.fingerprints import content_or_name
+from distill.method.fingerprints import content_or_name
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ The public API, for distilling from Python instead of the command line (see the 
 - distillation: :func:`build_layer_map`, :class:`DistillationObjective`, :data:`LOSS_TERMS`;
 - evaluation and devices: :func:`evaluate_task`, :func:`run_device`;
 - serving: :class:`QuestionAnswerer` (answers from an extractive QA student or its ONNX file);
-- the whole job: :func:`load_config`, :func:`run_pipeline`, :func:`run_seeds` (one run per seed, mean and spread).
+- the whole job: :func:`load_config`, :func:`run_pipeline`, :func:`run_seeds` (one run per seed, mean and spread),
+  :func:`run_augment` (TinyBERT's augmentation of a training set alone).
 
 Names are imported on first use, so ``import distill`` stays cheap and submodules import each other freely;
 ``dir(distill)`` and ``help(distill)`` list them all the same.
@@ -34,7 +35,7 @@ _API = {
     "train": "distill.method.trainer", "LOSS_TERMS": "distill.method.terms", "evaluate_task": "distill.tasks.evaluate",
     "run_device": "distill.device", "ModelLossObjective": "distill.method.objective",
     "resolve_model": "teachers.models", "run_pipeline": "distill.job.pipeline", "run_seeds": "distill.job.seeds",
-    "QuestionAnswerer": "distill.publish.serving",
+    "QuestionAnswerer": "distill.publish.serving", "run_augment": "distill.job.augmentation",
 }
 __all__ = sorted(_API)
 

@@ -760,7 +760,7 @@ def with_absolute_paths(config: "PipelineConfig") -> "PipelineConfig":
     """``config`` with every :data:`PATH_FIELDS` value that names an existing file or folder, and every
     :data:`OUTPUT_FIELDS` folder, made absolute (``os.path.abspath``: against the working folder, links kept); other
     values (hub names, :data:`RESERVED_NAMES`) as they are. Stage run ids are unchanged: a local input counts by its
-    bytes (:mod:`distill.job.fingerprints`)."""
+    bytes (:mod:`distill.method.fingerprints`)."""
 
     def absolute(value: Any, always: bool = False) -> Any:
         if isinstance(value, list):

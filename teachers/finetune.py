@@ -16,7 +16,7 @@ from distill.tasks.base import TaskSpec
 from distill.tasks.data import collator, tokenize
 from distill.tasks.evaluate import evaluate, evaluate_task
 from distill.method.objective import ModelLossObjective
-from distill.job.processes import on_main
+from distill.method.processes import on_main
 from distill.tasks import record_serving
 from distill.method.trainer import BEST_FOLDER, Selection, train
 from teachers.models import ModelError, load_tokenizer, resolve_model

@@ -19,7 +19,7 @@ from distill.config import MLMConfig
 from distill.tasks.base import DataError
 from distill.tasks.data import ASSETS
 from distill.method.objective import MaskedLMObjective
-from distill.job.processes import on_main
+from distill.method.processes import on_main
 from distill.method.trainer import train
 from teachers.models import load_tokenizer, resolve_model
 

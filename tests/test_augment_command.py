@@ -91,7 +91,7 @@ def test_augment_command_errors(assets, capsys, extra, message):
 
 def test_augment_refuses_a_multi_process_launch(assets, monkeypatch):
     """Every process would write the same shards; the pipeline's stage is the one that shares augmentation out."""
-    from augment import run_augment
+    from distill.job.augmentation import run_augment
     from distill.config import ConfigError, load_config
 
     config = load_config(None, {"output_dir": str(assets / "out"), "mlm.model": str(assets / "mlm"),

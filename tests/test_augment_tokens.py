@@ -187,7 +187,7 @@ def test_replacement_stats_by_hand():
 def test_augment_command_reads_a_word_list_file(tmp_path):
     from transformers import BertTokenizer as Tokenizer
 
-    from augment import run_augment
+    from distill.job.augmentation import run_augment
     from distill.config import PipelineConfig
 
     tokenizer = Tokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)}, do_lower_case=True)

@@ -153,7 +153,7 @@ def test_dir_and_help_list_the_api():
 
     import distill
 
-    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 20
+    assert set(distill.__all__) <= set(dir(distill)) and len(distill.__all__) == 21
     assert {"resolve_model", "ModelLossObjective", "run_pipeline"} <= set(dir(distill))
     text = pydoc.render_doc(distill, renderer=pydoc.plaintext)
     functions = text.split("FUNCTIONS", 1)[1]

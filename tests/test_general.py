@@ -258,7 +258,7 @@ def test_the_cache_lock_is_the_main_processs_and_the_others_wait_for_it_by_readi
     import signal
     import time
 
-    from distill.job import processes
+    from distill.method import processes
 
     folder = tmp_path / "cache" / "minilm-4l312-x"
     folder.parent.mkdir(parents=True)
@@ -300,7 +300,7 @@ def test_the_holder_file_of_an_earlier_entry_lets_nobody_through(tmp_path, monke
     """A sweep enters the general stage's lock once per student: a process that arrives at the next entry while the
     main process has not yet removed the previous entry's holder file must not take it for this one's."""
     from distill.job.general import _held
-    from distill.job.processes import launch_marker
+    from distill.method.processes import launch_marker
 
     monkeypatch.setenv("MASTER_PORT", "29519")
     holder = tmp_path / "minilm-4l312-x.holder"

@@ -1,5 +1,5 @@
-"""Who writes a stage's files under a multi-process launch (distill/job/processes.py), with the ranks simulated in one
-process through the launcher's environment (RANK, WORLD_SIZE); tests/test_distributed.py runs real processes."""
+"""Who writes a stage's files under a multi-process launch (distill/method/processes.py), with the ranks simulated in
+one process through the launcher's environment (RANK, WORLD_SIZE); tests/test_distributed.py runs real processes."""
 
 import json
 import os
@@ -15,8 +15,8 @@ from distill.method.checkpoint import (
     mark_stage_done,
     mark_stage_started,
 )
-from distill.job import processes
-from distill.job.processes import FAILED_FILE, ProcessFailedError, launch_marker, on_main, recorded
+from distill.method import processes
+from distill.method.processes import FAILED_FILE, ProcessFailedError, launch_marker, on_main, recorded
 
 
 def _as_rank(monkeypatch, rank: int, world_size: int = 2) -> None:
@@ -130,13 +130,13 @@ def test_another_jobs_failure_in_a_shared_folder_does_not_stop_this_one(tmp_path
 def test_a_marker_that_cannot_be_written_leaves_the_stages_own_error(tmp_path, monkeypatch):
     import errno
 
-    import distill.job.processes
+    import distill.method.processes
 
     def full_disk(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     _as_rank(monkeypatch, 0)
-    monkeypatch.setattr(distill.job.processes, "write_json_atomic", full_disk)
+    monkeypatch.setattr(distill.method.processes, "write_json_atomic", full_disk)
 
     def make():
         raise ValueError("the stage's own error")
@@ -148,7 +148,7 @@ def test_a_marker_that_cannot_be_written_leaves_the_stages_own_error(tmp_path, m
 def test_a_process_failing_in_shared_work_stops_the_main_one_waiting_for_it(tmp_path, monkeypatch):
     """Work every process does its share of (augmentation): the main process waits for the others' shares, and one
     that fails in its share ends that wait with its rank and error."""
-    from distill.job.processes import failure_marked, wait_for
+    from distill.method.processes import failure_marked, wait_for
 
     _as_rank(monkeypatch, 1)
     with pytest.raises(OSError, match="masked LM out of memory"):

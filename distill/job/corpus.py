@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from distill.method.checkpoint import mark_stage_done, stage_done
 from distill.tasks.base import DataError
 from distill.tasks.data import ASSETS
-from distill.job.fingerprints import file_sha256
+from distill.method.fingerprints import file_sha256
 
 logger = logging.getLogger(__name__)
 

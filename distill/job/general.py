@@ -31,11 +31,11 @@ from distill.method.checkpoint import mark_stage_done, mark_stage_started, stage
 from distill.config import ConfigError, GeneralConfig, PipelineConfig, fingerprint, hashed_dict
 from distill.job.corpus import corpus_fingerprint, corpus_sources, load_packed_corpus
 from distill.tasks.data import collator
-from distill.job.fingerprints import content_or_name
+from distill.method.fingerprints import content_or_name
 from distill.device import run_device
 from distill.method.layer_map import build_layer_map
 from distill.method.objective import DistillationObjective, intermediate_terms
-from distill.job.processes import (FAILED_FILE, failure_marked, from_this_launch, is_main_process, launch_marker,
+from distill.method.processes import (FAILED_FILE, failure_marked, from_this_launch, is_main_process, launch_marker,
                                on_main, several_processes, wait_for)
 from distill.method.trainer import train
 from students import build_student, student_shape
@@ -78,9 +78,10 @@ def general_config(config: PipelineConfig, for_pipeline: bool = True) -> General
 def general_run_id(config: GeneralConfig) -> tuple[str, str]:
     """Fingerprints of a general distillation (its settings and the corpus) and of its packed corpus.
 
-    A teacher given as a local folder counts by its files' bytes (:func:`distill.job.fingerprints.content_or_name`), so
-    two different teachers saved at the same path (``runs/teacher`` of two projects) get two cache entries, and a copy
-    of the same teacher elsewhere finds the entry again; a hub name or ``minilm`` counts by its name."""
+    A teacher given as a local folder counts by its files' bytes
+    (:func:`distill.method.fingerprints.content_or_name`), so two different teachers saved at the same path
+    (``runs/teacher`` of two projects) get two cache entries, and a copy of the same teacher elsewhere finds the entry
+    again; a hub name or ``minilm`` counts by its name."""
     teacher = content_or_name(config.teacher)
     corpus = corpus_fingerprint(corpus_sources(config.corpus), teacher, config.max_seq_length, config.corpus_column)
     settings = {k: v for k, v in hashed_dict(config).items() if k not in NOT_IN_RUN_ID}
@@ -111,9 +112,9 @@ def exclusive(folder: Path):
 
     Under a multi-process launch the main process takes the lock for all of the job's processes (each process's own
     lock would wait for the main one, which waits for them inside the stage) and, once it holds it, says so in
-    ``<folder>.holder`` (:func:`distill.job.processes.launch_marker`, with this entry's count); the others wait for that
-    by reading the file, not at a collective barrier: another job may hold the lock for longer than a process group's
-    timeout (30 minutes). The block must keep the main process in it until the others are in (its first step a
+    ``<folder>.holder`` (:func:`distill.method.processes.launch_marker`, with this entry's count); the others wait for
+    that by reading the file, not at a collective barrier: another job may hold the lock for longer than a process
+    group's timeout (30 minutes). The block must keep the main process in it until the others are in (its first step a
     barrier, as in :func:`distill.job.pipeline.general_stage`): the holder file goes with the lock.
 
     Raises:

@@ -79,7 +79,7 @@ from distill.method.layer_map import build_layer_map
 from distill.method.objective import DistillationObjective, intermediate_terms, prediction_terms
 from distill.job.preflight import preflight
 from distill.job.pruned import init_projections, kept_channels, pruned_stage, stage_config, stage_shapes, stage_source
-from distill.job.processes import (failure_marked, is_main_process, on_main, recorded, several_processes,
+from distill.method.processes import (failure_marked, is_main_process, on_main, recorded, several_processes,
                                    wait_for)
 from distill.publish.report import (
     build_report,

@@ -28,7 +28,7 @@ from distill.tasks.base import TaskSpec
 from distill.tasks.data import collator, tokenize
 from distill.tasks.evaluate import evaluate_task
 from distill.method.layer_map import build_layer_map
-from distill.job.processes import on_main
+from distill.method.processes import on_main
 from distill.job.stages import STAGES
 from students import student_shape
 from students.build import student_config

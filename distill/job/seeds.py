@@ -24,7 +24,7 @@ from distill.method.checkpoint import is_main_process, output_lock, write_json_a
 from distill.tasks import summary_metrics
 from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.job.pipeline import plan_pipeline, run_pipeline, run_sweep, shared_row
-from distill.job.processes import several_processes
+from distill.method.processes import several_processes
 from distill.publish.report import task_seconds
 
 logger = logging.getLogger(__name__)

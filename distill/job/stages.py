@@ -11,7 +11,7 @@ A stage's code sees the config only through :meth:`StageSpec.view`, which refuse
 field fails its first test until the field is declared, and with it enters the run id.
 
 A declared field that names a local file or folder (:data:`INPUT_FIELDS`) enters the run id by the bytes it names
-(:mod:`distill.job.fingerprints`), not by its spelling: editing a data file, or retraining a teacher into the same
+(:mod:`distill.method.fingerprints`), not by its spelling: editing a data file, or retraining a teacher into the same
 folder, re-runs the stages that read it (and those after them); a hub name or a bundled asset counts by its name.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from distill.config import fingerprint, hashed_dict
-from distill.job.fingerprints import content_or_name, data_folder_content
+from distill.method.fingerprints import content_or_name, is_local
 from distill.method.terms import terms_of
 
 # Fields any stage may read that do not change its output.
@@ -71,6 +71,42 @@ class StageSpec:
 INPUT_FIELDS = ("task.data_dir", "task.train_file", "task.dev_file", "teacher.model", "teacher.base_model",
                 "mlm.model", "mlm.base_model", "mlm.corpus", "augment.unlabelled", "augment.word_vectors",
                 "augment.stopwords", "student.model")
+
+
+def task_data_files(task: Any) -> list[str] | None:
+    """The files of ``task.data_dir`` that the task reads (train, dev and any extra dev file of its layout), so that
+    an unrelated file there (GLUE's test.tsv) does not enter run ids; None when the task does not read the folder (its
+    own ``train_file``/``dev_file``, the hub): the folder then stays out of run ids.
+
+    Args:
+        task: the ``task`` config section (:class:`distill.config.TaskConfig`, or a view of it).
+    """
+    if task.train_file is not None or not task.data_dir or task.source not in ("auto", "local"):
+        return None
+    from distill.tasks import TASKS
+
+    spec = TASKS.get(task.name)
+    if spec is None:
+        return None
+    return [spec.train_file, spec.dev_file, *(file for _, file, _ in spec.extra_dev)]
+
+
+def data_folder_content(task: Any) -> Any:
+    """``task.data_dir`` as it enters run ids: ``sha256:<digest>`` of the files the task reads there, or the value as
+    it is when the task does not read the folder or it does not exist (the data loader reports a missing folder).
+
+    Raises:
+        DataError: a file the task reads is missing from the folder (naming it).
+    """
+    names = task_data_files(task)
+    if names is None or not is_local(task.data_dir):
+        return task.data_dir
+    try:
+        return content_or_name(task.data_dir, names)
+    except FileNotFoundError as error:
+        from distill.tasks.base import DataError
+
+        raise DataError(f"task {task.name}: {error}; the data folder needs {', '.join(names)}") from None
 
 
 def with_contents(values: dict[str, Any], config: Any) -> None:
@@ -176,7 +212,7 @@ def teacher_canonical(values: dict) -> None:
     their defaults: a fine-tuning setting changed there re-scores nothing. Hashed at the defaults rather than left out,
     so that run ids made before keep theirs."""
     from distill.config import TeacherConfig
-    from distill.job.fingerprints import content_or_name
+    from distill.method.fingerprints import content_or_name
 
     teacher_examples(values)
     teacher = values.get("teacher")

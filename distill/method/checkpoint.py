@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 def is_main_process() -> bool:
     """Whether this process is the job's main process: global rank 0 under a launcher (``RANK``, set by torchrun and
     ``accelerate launch``), and always in a single process. The main process alone writes stage folders' files
-    (:mod:`distill.job.processes`)."""
+    (:mod:`distill.method.processes`)."""
     return int(os.environ.get("RANK", "0")) == 0
 
 

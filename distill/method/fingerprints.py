@@ -7,7 +7,8 @@ elsewhere and their finished outputs are found again. A name that is not a local
 bundled ``minilm``, the bundled SST-2 sample) counts by its name, as before, so outputs of those keep their run ids.
 
 Each file is read once per process in 1 MiB blocks (about a second per GB) and remembered while its size and
-modification time stay the same.
+modification time stay the same. Which files of a task's data folder count is the task's to say
+(:func:`distill.job.stages.data_folder_content`); this module hashes what it is given and knows no task.
 """
 
 from __future__ import annotations
@@ -84,39 +85,3 @@ def is_local(value: Any) -> bool:
 def content_or_name(value: Any, names: list[str] | None = None) -> Any:
     """``"sha256:<digest>"`` of a local file or folder (:func:`content_digest`); any other value as it is."""
     return f"sha256:{content_digest(value, names)}" if is_local(value) else value
-
-
-def task_data_files(task: Any) -> list[str] | None:
-    """The files of ``task.data_dir`` that the task reads (train, dev and any extra dev file of its layout), so that
-    an unrelated file there (GLUE's test.tsv) does not enter run ids; None when the task does not read the folder (its
-    own ``train_file``/``dev_file``, the hub): the folder then stays out of run ids.
-
-    Args:
-        task: the ``task`` config section (:class:`distill.config.TaskConfig`, or a view of it).
-    """
-    if task.train_file is not None or not task.data_dir or task.source not in ("auto", "local"):
-        return None
-    from distill.tasks import TASKS
-
-    spec = TASKS.get(task.name)
-    if spec is None:
-        return None
-    return [spec.train_file, spec.dev_file, *(file for _, file, _ in spec.extra_dev)]
-
-
-def data_folder_content(task: Any) -> Any:
-    """``task.data_dir`` as it enters run ids: ``sha256:<digest>`` of the files the task reads there, or the value as
-    it is when the task does not read the folder or it does not exist (the data loader reports a missing folder).
-
-    Raises:
-        DataError: a file the task reads is missing from the folder (naming it).
-    """
-    names = task_data_files(task)
-    if names is None or not is_local(task.data_dir):
-        return task.data_dir
-    try:
-        return content_or_name(task.data_dir, names)
-    except FileNotFoundError as error:
-        from distill.tasks.base import DataError
-
-        raise DataError(f"task {task.name}: {error}; the data folder needs {', '.join(names)}") from None

@@ -19,16 +19,17 @@ import datasets
 from augment.dataset import augment_dataset, augment_fingerprint, load_shards
 from augment.tokens import is_word_list_feature
 from augment.vectors import check_word_vectors
-from distill.method.checkpoint import mark_stage_done, stage_done
 from distill.config import ConfigError, PipelineConfig, to_dict
+from distill.device import run_device
+from distill.job.stages import with_contents
+from distill.method.checkpoint import mark_stage_done, stage_done
+from distill.method.fingerprints import content_or_name
 from distill.tasks.base import DataError
 from distill.tasks.data import load_task_data, task_spec
 from distill.tasks.files import read_table, require_columns
-from distill.device import run_device
-from distill.job.fingerprints import content_or_name
-from distill.job.stages import with_contents
 
 logger = logging.getLogger(__name__)
+
 
 def default_text_columns(columns: list[str], source: str) -> tuple[str, ...]:
     """The text column(s) of a table whose user named none: the first present of the text columns of the named tasks
@@ -95,7 +96,7 @@ def run_augment(
         CheckpointError: the output folder holds another run's shards. ModelError: the masked LM has no MLM head.
     """
     from augment.generator import generator_factory
-    from distill.job.processes import several_processes
+    from distill.method.processes import several_processes
     from teachers.models import load_masked_lm
 
     if several_processes():  # every process would write the same shards
