@@ -204,6 +204,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     augment.add_argument("--export", help="also write the result as one .jsonl, .csv or .tsv file")
     for flag, key, kind, text in augment_flags():
         augment.add_argument(flag, type=kind, help=f"{text} (augment.{key})")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        # argparse would take the option's value for the command ("invalid choice: 'configs/x.yaml'")
+        parser.error(f"{argv[0]}: name the command first, e.g. {prog} pipeline {' '.join(argv)} "
+                     f"(commands: {', '.join(commands.choices)})")
     return parser.parse_args(argv)
 
 

@@ -115,6 +115,16 @@ def test_each_command_says_its_own_default_config(capsys):
     assert "unrecognized arguments: --output-dir" in capsys.readouterr().err
 
 
+def test_options_before_a_command_name_the_command_to_add(capsys):
+    """`run_distill.py --config configs/x.yaml` left argparse to take the path for the command."""
+    with pytest.raises(SystemExit):
+        run_distill.parse_args(["--config", "configs/sst2_pruned.yaml", "--dry-run"])
+    err = capsys.readouterr().err
+    assert "--config: name the command first, e.g. run_distill.py pipeline --config configs/sst2_pruned.yaml --dry-run" \
+        in err and "commands: pipeline, distill, seeds, sweep" in err and "invalid choice" not in err
+    assert run_distill.parse_args(["pipeline", "--config", "smoke"]).command == "pipeline"
+
+
 # --- finding 9: one error line where a traceback was ---
 
 def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
