@@ -455,9 +455,10 @@ def _dry_run(config, plan) -> int:
 
     # The config as it would run here: budget rules that depend on the device resolved (task.max_train_examples_cpu)
     resolved = for_device(config, run_device())
+    rows = plan(config)  # first: what the plan refuses (an unknown task, an unreachable shape) is the only output
     print(yaml.safe_dump(to_dict(resolved), sort_keys=False).rstrip())
     print()
-    print(plan_markdown(plan(config)))
+    print(plan_markdown(rows))
     print()
     print(data_preview(resolved))  # read as the run reads it: what the run would refuse is refused here
     return 0

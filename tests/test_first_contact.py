@@ -125,6 +125,13 @@ def test_options_before_a_command_name_the_command_to_add(capsys):
     assert run_distill.parse_args(["pipeline", "--config", "smoke"]).command == "pipeline"
 
 
+def test_a_dry_run_that_is_refused_prints_the_error_alone(capsys):
+    """A dry run of an unknown task printed the whole resolved config, then the error at its foot."""
+    assert run_distill.main(["pipeline", "--task", "sst3", "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "unknown task 'sst3'; known tasks: cola" in _error_line(err) and "output_dir:" not in out
+
+
 # --- finding 9: one error line where a traceback was ---
 
 def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, capsys):
