@@ -84,11 +84,14 @@ def student_shape(config: StudentConfig, teacher_config: PretrainedConfig | None
     missing = [k for k in SHAPE_FIELDS if k not in shape]
     if missing:
         raise ValueError(f"student shape incomplete: set student.preset or student.{missing[0]}")
-    if shape["hidden_size"] % shape["num_attention_heads"]:
-        raise ValueError(
-            f"student hidden_size {shape['hidden_size']} is not divisible by num_attention_heads "
-            f"{shape['num_attention_heads']}"
-        )
+    hidden, heads = shape["hidden_size"], shape["num_attention_heads"]
+    if hidden % heads:
+        sizes = sorted({max(hidden // heads, 1), hidden // heads + 1})  # head sizes around hidden / heads
+        divisor = min((h for h in range(1, hidden + 1) if hidden % h == 0), key=lambda h: (abs(h - heads), h))
+        raise ValueError(f"student hidden_size {hidden} is not divisible by num_attention_heads {heads}: nearest "
+                         f"hidden_size {' or '.join(str(s * heads) for s in sizes)} ({heads} heads of "
+                         f"{' or '.join(map(str, sizes))}), or num_attention_heads {divisor} (head size "
+                         f"{hidden // divisor})")
     albert = shape.get("model_type") == "albert"
     if not albert and any(k in shape for k in ALBERT_FIELDS):
         raise ValueError("student.embedding_size and num_hidden_groups are ALBERT settings: set student.model_type: "

@@ -170,7 +170,9 @@ def test_an_f1_primary_metric_has_the_best_constant_guess_as_chance():
 def test_student_presets_and_teacher_init():
     assert student_shape(StudentConfig()) == {"num_hidden_layers": 4, "hidden_size": 312, "intermediate_size": 1200,
                                               "num_attention_heads": 12}
-    with pytest.raises(ValueError, match="not divisible"):
+    # The refusal names the nearest shapes: hidden sizes 28 or 32 with 4 heads, or the head count nearest 4 dividing 30.
+    with pytest.raises(ValueError, match=r"not divisible by num_attention_heads 4: nearest hidden_size 28 or 32 \(4 "
+                                         r"heads of 7 or 8\), or num_attention_heads 3 \(head size 10\)"):
         student_shape(StudentConfig(preset=None, num_hidden_layers=2, hidden_size=30, intermediate_size=8,
                                     num_attention_heads=4))
     teacher = tiny_bert()
