@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -593,10 +594,13 @@ def from_dict(cls: type, data: dict, path: str = "", base: Any = None) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [key for key in data if key not in fields]
     if unknown:
-        where = f"{path}." if path else ""
-        raise ConfigError(
-            f"unknown config key {where}{unknown[0]}; {cls.__name__} accepts: {', '.join(fields)}"
-        )
+        where, key = f"{path}." if path else "", unknown[0]
+        value, close = data[key], difflib.get_close_matches(key, list(fields), n=1)
+        if isinstance(value, dict) and value and all(k in fields for k in value):  # a level too deep: prediction.train.x
+            hint = f"; {path or 'the config'} takes them itself: {', '.join(where + k for k in value)}"
+        else:
+            hint = f"; did you mean {where}{close[0]}?" if close else ""
+        raise ConfigError(f"unknown config key {where}{key}; {cls.__name__} accepts: {', '.join(fields)}{hint}")
     kwargs = {} if base is None else {
         name: copy.deepcopy(getattr(base, name)) for name, f in fields.items() if f.init and name not in data}
     for key, value in data.items():

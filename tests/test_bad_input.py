@@ -125,7 +125,11 @@ def tiny_teacher_dir(tmp_path, tiny_tokenizer):
     (["teacher.eval_steps=0"], r"teacher.eval_steps: must be > 0 or null \(score at each epoch's end\), got 0"),
     (["augment.replace_prob=1.5"], r"augment.replace_prob: must be in \[0, 1\], got 1.5"),
     (["distill.intermediate.batch_size=many"], r"distill.intermediate.batch_size: expected int, got 'many'"),
-    (["distill.tempreature=2"], r"unknown config key distill.tempreature; DistillConfig accepts: layer_map"),
+    (["distill.tempreature=2"], r"unknown config key distill.tempreature; DistillConfig accepts: layer_map.*; did "
+                                r"you mean distill.temperature\?$"),
+    (["distill.prediction.train.learning_rate=1e-4"], r"unknown config key distill.prediction.train; TrainConfig "
+                                                       r"accepts: .*; distill.prediction takes them itself: "
+                                                       r"distill.prediction.learning_rate$"),
     (["student.preset=huge"], r"student: unknown student preset 'huge'; presets: tinybert-4l-312"),
     (["general.enabled=true", "general.layer_map=[1, 2]"],
      r"general.layer_map: explicit layer_map has 2 entries but the student has 1 layers"),
