@@ -207,7 +207,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         # argparse would take the option's value for the command ("invalid choice: 'configs/x.yaml'")
-        parser.error(f"{argv[0]}: name the command first, e.g. {prog} pipeline {' '.join(argv)} "
+        # the command given after its options (the last such word: `--config sweep pipeline` names pipeline)
+        at = max((i for i, a in enumerate(argv) if a in commands.choices), default=None)
+        line = [argv[at], *argv[:at], *argv[at + 1:]] if at is not None else ["pipeline", *argv]
+        parser.error(f"{argv[0]}: name the command first, e.g. {prog} {' '.join(line)} "
                      f"(commands: {', '.join(commands.choices)})")
     return parser.parse_args(argv)
 

@@ -122,6 +122,9 @@ def test_options_before_a_command_name_the_command_to_add(capsys):
     err = capsys.readouterr().err
     assert "--config: name the command first, e.g. run_distill.py pipeline --config configs/sst2_pruned.yaml --dry-run" \
         in err and "commands: pipeline, distill, seeds, sweep" in err and "invalid choice" not in err
+    with pytest.raises(SystemExit):  # the command given after its options is moved to the front
+        run_distill.parse_args(["--config", "sweep_pruned_sst2", "sweep", "--dry-run"])
+    assert "e.g. run_distill.py sweep --config sweep_pruned_sst2 --dry-run (commands" in capsys.readouterr().err
     assert run_distill.parse_args(["pipeline", "--config", "smoke"]).command == "pipeline"
 
 
