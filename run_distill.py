@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import errno
 import logging
+import shlex
 import signal
 import sys
 import time
@@ -205,12 +206,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     for flag, key, kind, text in augment_flags():
         augment.add_argument(flag, type=kind, help=f"{text} (augment.{key})")
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+    ours = argv and (argv[0] == "-h" or argv[0].startswith("--") and any(  # -h, --help, --version, --vers ...
+        option.startswith(argv[0]) for option in ("--help", "--version")))
+    if argv and argv[0].startswith("-") and not ours:
         # argparse would take the option's value for the command ("invalid choice: 'configs/x.yaml'")
         # the command given after its options (the last such word: `--config sweep pipeline` names pipeline)
         at = max((i for i, a in enumerate(argv) if a in commands.choices), default=None)
         line = [argv[at], *argv[:at], *argv[at + 1:]] if at is not None else ["pipeline", *argv]
-        parser.error(f"{argv[0]}: name the command first, e.g. {prog} {' '.join(line)} "
+        parser.error(f"{argv[0]}: name the command first, e.g. {prog} {shlex.join(line)} "
                      f"(commands: {', '.join(commands.choices)})")
     return parser.parse_args(argv)
 
@@ -442,8 +445,6 @@ def KnownErrors() -> tuple[type[Exception], ...]:
 
 def _command_line(prog: str) -> str:
     """The command as typed, for model cards (flags and values quoted as a shell would need them)."""
-    import shlex
-
     program = ["python", prog] if prog.endswith(".py") else [prog]
     return " ".join([*program, *[shlex.quote(a) for a in sys.argv[1:]]])
 

@@ -596,7 +596,9 @@ def from_dict(cls: type, data: dict, path: str = "", base: Any = None) -> Any:
     if unknown:
         where, key = f"{path}." if path else "", unknown[0]
         value, close = data[key], difflib.get_close_matches(key, list(fields), n=1)
-        if isinstance(value, dict) and value and all(k in fields for k in value):  # a level too deep: prediction.train.x
+        if path and key in {f.name for f in dataclasses.fields(PipelineConfig)}:  # a section put inside another
+            hint = f"; {key} is a section of its own: write it at the top level, not under {path}"
+        elif isinstance(value, dict) and value and all(k in fields for k in value):  # a level too deep
             hint = f"; {path or 'the config'} takes them itself: {', '.join(where + k for k in value)}"
         else:
             hint = f"; did you mean {where}{close[0]}?" if close else ""

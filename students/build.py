@@ -87,7 +87,10 @@ def student_shape(config: StudentConfig, teacher_config: PretrainedConfig | None
     hidden, heads = shape["hidden_size"], shape["num_attention_heads"]
     if hidden % heads:
         sizes = sorted({max(hidden // heads, 1), hidden // heads + 1})  # head sizes around hidden / heads
-        divisor = min((h for h in range(1, hidden + 1) if hidden % h == 0), key=lambda h: (abs(h - heads), h))
+        # A head count that divides the hidden size, and the teacher's heads too (the attention loss groups them)
+        teacher_heads = None if teacher_config is None else config_value(teacher_config, "num_attention_heads")
+        divisor = min((h for h in range(1, hidden + 1) if hidden % h == 0 and not (teacher_heads or h) % h),
+                      key=lambda h: (abs(h - heads), h))
         raise ValueError(f"student hidden_size {hidden} is not divisible by num_attention_heads {heads}: nearest "
                          f"hidden_size {' or '.join(str(s * heads) for s in sizes)} ({heads} heads of "
                          f"{' or '.join(map(str, sizes))}), or num_attention_heads {divisor} (head size "

@@ -127,6 +127,8 @@ def tiny_teacher_dir(tmp_path, tiny_tokenizer):
     (["distill.intermediate.batch_size=many"], r"distill.intermediate.batch_size: expected int, got 'many'"),
     (["distill.tempreature=2"], r"unknown config key distill.tempreature; DistillConfig accepts: layer_map.*; did "
                                 r"you mean distill.temperature\?$"),
+    (["teacher.mlm.model=b"], r"unknown config key teacher.mlm; TeacherConfig accepts: .*; mlm is a section of its "
+                              r"own: write it at the top level, not under teacher$"),
     (["distill.prediction.train.learning_rate=1e-4"], r"unknown config key distill.prediction.train; TrainConfig "
                                                        r"accepts: .*; distill.prediction takes them itself: "
                                                        r"distill.prediction.learning_rate$"),

@@ -125,6 +125,12 @@ def test_options_before_a_command_name_the_command_to_add(capsys):
     with pytest.raises(SystemExit):  # the command given after its options is moved to the front
         run_distill.parse_args(["--config", "sweep_pruned_sst2", "sweep", "--dry-run"])
     assert "e.g. run_distill.py sweep --config sweep_pruned_sst2 --dry-run (commands" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a value with a space is quoted as a shell needs it
+        run_distill.parse_args(["--config", "my config.yaml"])
+    assert "e.g. run_distill.py pipeline --config 'my config.yaml' (commands" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's own abbreviation of --version still answers
+        run_distill.parse_args(["--vers"])
+    assert "tinydistill" in capsys.readouterr().out
     assert run_distill.parse_args(["pipeline", "--config", "smoke"]).command == "pipeline"
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertForMaskedLM, BertModel, BertTokenizer
+from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizer
 
 from distill.tasks.data import ASSETS
 from distill.tasks.sequence_classification import GLUE_TASKS, read_glue_tsv
@@ -175,6 +175,11 @@ def test_student_presets_and_teacher_init():
                                          r"heads of 7 or 8\), or num_attention_heads 3 \(head size 10\)"):
         student_shape(StudentConfig(preset=None, num_hidden_layers=2, hidden_size=30, intermediate_size=8,
                                     num_attention_heads=4))
+    # Beside a teacher, the head count named divides the teacher's heads too (the attention loss groups them).
+    with pytest.raises(ValueError, match=r"nearest hidden_size 96 or 108 \(12 heads of 8 or 9\), or "
+                                         r"num_attention_heads 4 \(head size 25\)"):
+        student_shape(StudentConfig(preset=None, num_hidden_layers=2, hidden_size=100, intermediate_size=8,
+                                    num_attention_heads=12), BertConfig(num_attention_heads=12))
     teacher = tiny_bert()
     student = build_student(teacher, StudentConfig(preset=None, num_hidden_layers=1, hidden_size=32,
                                                    intermediate_size=64, num_attention_heads=4, init="teacher"), [2])
