@@ -209,8 +209,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     ours = argv and (argv[0] == "-h" or argv[0].startswith("--") and any(  # -h, --help, --version, --vers ...
         option.startswith(argv[0]) for option in ("--help", "--version")))
     if argv and argv[0].startswith("-") and not ours:
-        # argparse would take the option's value for the command ("invalid choice: 'configs/x.yaml'")
-        # the command given after its options (the last such word: `--config sweep pipeline` names pipeline)
+        # argparse would take the option's value for the command ("invalid choice: 'configs/x.yaml'"); a command
+        # given after its options (the last such word: `--config sweep pipeline` names pipeline) goes to the front
         at = max((i for i, a in enumerate(argv) if a in commands.choices), default=None)
         line = [argv[at], *argv[:at], *argv[at + 1:]] if at is not None else ["pipeline", *argv]
         parser.error(f"{argv[0]}: name the command first, e.g. {prog} {shlex.join(line)} "

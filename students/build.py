@@ -89,8 +89,9 @@ def student_shape(config: StudentConfig, teacher_config: PretrainedConfig | None
         sizes = sorted({max(hidden // heads, 1), hidden // heads + 1})  # head sizes around hidden / heads
         # A head count that divides the hidden size, and the teacher's heads too (the attention loss groups them)
         teacher_heads = None if teacher_config is None else config_value(teacher_config, "num_attention_heads")
-        divisor = min((h for h in range(1, hidden + 1) if hidden % h == 0 and not (teacher_heads or h) % h),
-                      key=lambda h: (abs(h - heads), h))
+        counts = [h for h in range(1, hidden + 1)
+                  if hidden % h == 0 and (teacher_heads is None or teacher_heads % h == 0)]
+        divisor = min(counts, key=lambda h: (abs(h - heads), h))
         raise ValueError(f"student hidden_size {hidden} is not divisible by num_attention_heads {heads}: nearest "
                          f"hidden_size {' or '.join(str(s * heads) for s in sizes)} ({heads} heads of "
                          f"{' or '.join(map(str, sizes))}), or num_attention_heads {divisor} (head size "
