@@ -176,6 +176,9 @@ def test_the_plot_labels_each_model_once_and_draws_95_percent_of_the_teacher():
     assert colours[0] == colours[1] and colours[2] == colours[3] == colours[4] != colours[0]
     (line,) = [line for line in axes.lines if line.get_label() == "95% of the teacher"]
     assert line.get_ydata()[0] == pytest.approx(0.95 * 0.90)
+    figure.canvas.draw()  # the log axis (20-200 ms): minor ticks labelled at 20 and 50 only, not 30, 40, ... 90
+    minor = {label.get_text() for label in axes.xaxis.get_minorticklabels()} - {""}
+    assert {"20", "50"} <= minor and not minor & {"30", "40", "60", "70", "80", "90"}
     plt.close(figure)
     near = plot_figure({"setup": setup, "rows": rows[:2]})  # 0.88 > 0.855: no point reaches the line
     assert not [line for line in near.axes[0].lines if line.get_label() == "95% of the teacher"]

@@ -33,6 +33,7 @@ import csv
 import gc
 import json
 import logging
+import math
 import multiprocessing
 import os
 import statistics
@@ -466,9 +467,8 @@ def plot_figure(report: dict):
         if any(row["variant"] == variant for row in rows):
             axes.scatter([], [], marker=marker, color="lightgrey", edgecolors="black", label=variant)
     axes.set_xscale("log")
-    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
-    axes.xaxis.set_major_formatter(plain)
-    axes.xaxis.set_minor_formatter(plain)
+    axes.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_tick_label))
     batch, length = key[1:].split("_t")
     axes.set_xlabel(f"latency (ms, batch {batch}, length {length}, {setup['num_threads']} CPU threads; log scale)")
     axes.set_ylabel(f"{setup['task']} dev {metric}")
@@ -477,6 +477,13 @@ def plot_figure(report: dict):
     axes.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     return figure
+
+
+def _minor_tick_label(value: float, _position) -> str:
+    """A log axis' minor tick labelled only at 2 and 5 times a power of ten (20, 50, 200, ...): every minor tick
+    labelled runs the numbers together ("6070809")."""
+    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9) if value > 0 else 0.0
+    return f"{value:g}" if round(mantissa, 6) in (2.0, 5.0) else ""
 
 
 def plot_over_seeds(summary: dict, path: Path) -> None:
