@@ -307,6 +307,8 @@ def test_the_mpnet_pruned_sweep_reuses_the_measured_whole_set_pipeline():
     from distill.job.pipeline import sweep_entries, teacher_outputs_run_id
     from distill.method.layer_map import build_layer_map
     from distill.method.objective import intermediate_terms
+    from students import student_shape
+    from transformers import MPNetConfig
 
     sweep = load_config(ROOT / "configs/sweep_pruned_mpnet.yaml")
     measured = load_config(ROOT / "configs/sst2_mpnet.yaml", {
@@ -319,12 +321,14 @@ def test_the_mpnet_pruned_sweep_reuses_the_measured_whole_set_pipeline():
     assert dataclasses.asdict(entry) == dataclasses.asdict(measured)
 
     def cache_id(config):  # as the pipeline computes it for the uniform map of the entry's depth from 12 layers
-        layer_map = build_layer_map("uniform", 12, config.student.num_hidden_layers or 4)
+        depth = student_shape(config.student, MPNetConfig())["num_hidden_layers"]  # MPNet-base: 12 layers of 768
+        layer_map = build_layer_map("uniform", 12, depth)
         return teacher_outputs_run_id(config, "teacher", "data", intermediate_terms(config.distill.weights), layer_map)
 
     ids = {name: cache_id(config) for name, config in entries.items()}
     assert ids["pruned-4l-312"] == ids["pruned-4l-192"] == ids["pruned-4l-96"]
     assert len({ids["pruned-4l-312"], ids["pruned-6l-384"], ids["pruned-2l-192"]}) == 3
+    assert ids["teacher-half"] == ids["pruned-6l-384"]  # the same teacher layers 2, 4, ..., 12, whatever the width
 
 
 @pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1E-4", 1e-4), ("3e-4", 3e-4), ("5e+2", 500.0),
