@@ -183,6 +183,11 @@ def test_the_plot_labels_each_model_once_and_draws_95_percent_of_the_teacher():
     near = plot_figure({"setup": setup, "rows": rows[:2]})  # 0.88 > 0.855: no point reaches the line
     assert not [line for line in near.axes[0].lines if line.get_label() == "95% of the teacher"]
     plt.close(near)
+    close = [row("teacher", "pytorch", 90.0, 0.9), row("small", "onnx", 65.0, 0.9)]
+    within = plot_figure({"setup": setup, "rows": close})
+    within.canvas.draw()  # 65-90 ms, no power of ten in view: every minor tick labelled, so the axis is still read
+    assert {"70", "80"} <= {label.get_text() for label in within.axes[0].xaxis.get_minorticklabels()}
+    plt.close(within)
 
 
 def test_pareto_front_keeps_the_points_nothing_beats():

@@ -468,7 +468,7 @@ def plot_figure(report: dict):
             axes.scatter([], [], marker=marker, color="lightgrey", edgecolors="black", label=variant)
     axes.set_xscale("log")
     axes.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
-    axes.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_tick_label))
+    axes.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_tick_labels(axes)))
     batch, length = key[1:].split("_t")
     axes.set_xlabel(f"latency (ms, batch {batch}, length {length}, {setup['num_threads']} CPU threads; log scale)")
     axes.set_ylabel(f"{setup['task']} dev {metric}")
@@ -479,11 +479,23 @@ def plot_figure(report: dict):
     return figure
 
 
-def _minor_tick_label(value: float, _position) -> str:
-    """A log axis' minor tick labelled only at 2 and 5 times a power of ten (20, 50, 200, ...): every minor tick
-    labelled runs the numbers together ("6070809")."""
-    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9) if value > 0 else 0.0
-    return f"{value:g}" if round(mantissa, 6) in (2.0, 5.0) else ""
+def _minor_tick_labels(axes):
+    """The label function of a log x axis' minor ticks: every minor tick labelled runs the numbers together
+    ("6070809100"), so where a power of ten is in view (and labelled as a major tick) only 2 and 5 times a power of ten
+    are (20, 50, 200, ...), none beyond 3 decades; with no power of ten in view (e.g. 60-95 ms) every tick is."""
+
+    def label(value: float, _position) -> str:
+        low, high = sorted(axes.get_xlim())
+        if value <= 0 or low <= 0:
+            return ""
+        if math.floor(math.log10(low)) == math.floor(math.log10(high)):
+            return f"{value:g}"
+        if math.log10(high / low) > 3:
+            return ""
+        mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
+        return f"{value:g}" if round(mantissa, 6) in (2.0, 5.0) else ""
+
+    return label
 
 
 def plot_over_seeds(summary: dict, path: Path) -> None:
