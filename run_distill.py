@@ -57,6 +57,55 @@ def _common(parser: argparse.ArgumentParser, config_default: str, output_dir: bo
     _set_flag(parser)
 
 
+def _own_files(parser: argparse.ArgumentParser) -> None:
+    """The flags of a task of the user's own files, which need no config (see :func:`_files_task`)."""
+    parser.add_argument("--train-file", help="your training file (CSV, TSV, JSONL, CoNLL or SQuAD JSON); with no "
+                        "--config the task type, text and label columns are read from it and the type's recipe runs "
+                        "(overrides task.train_file)")
+    parser.add_argument("--dev-file", help="your dev file, in the training file's layout (overrides task.dev_file)")
+    parser.add_argument("--text-columns", nargs="+", metavar="COLUMN", help="the text column, or two for pairs "
+                        "(default: the one or two columns of text besides the label)")
+    parser.add_argument("--label-column", help="the label column (default: the column called label or labels)")
+
+
+def _files_task(args: argparse.Namespace, config_file: str | None) -> tuple[dict, tuple[str, str] | None]:
+    """The ``task.*`` overrides of ``--train-file`` / ``--dev-file`` (with ``--text-columns``, ``--label-column``),
+    what the files say (:func:`distill.tasks.infer.infer_task`: type, columns, regression) where the config
+    (``config_file``, given with ``--config``) leaves the task's type and text columns unset, and with no
+    ``--config`` the recipe of that task type: (overrides, (recipe file, what it is for) or None).
+
+    Raises:
+        DataError: a dev file without a training file or the other way round, or files that do not say their task
+            (the message names the flag that settles it).
+    """
+    from distill.tasks import DataError
+
+    train, dev = getattr(args, "train_file", None), getattr(args, "dev_file", None)
+    if train is None and dev is None:
+        return {}, None
+    if train is None or dev is None:
+        raise DataError(f"--{'dev' if dev is None else 'train'}-file is missing: a task of your own files needs "
+                        "both --train-file and --dev-file (the dev file scores teacher and student)")
+    overrides = {"task.train_file": train, "task.dev_file": dev, "task.text_columns": args.text_columns,
+                 "task.label_column": args.label_column}
+    from distill.config import load_config
+    from distill.tasks.data import task_spec
+    from distill.tasks.infer import infer_task, task_name
+
+    given = set_overrides(args.set)
+    if config_file is not None:  # the config's own task settings stand; the files fill in what it leaves unset
+        task = load_config(config_file, given).task
+        if task.task_type is not None and task.text_columns:
+            return overrides, None
+    inferred = infer_task(train, args.text_columns or None, args.label_column)
+    overrides.update({key: value for key, value in inferred.items() if key not in given})
+    overrides["task.name"] = args.task or given.get("task.name") or task_name(train)
+    if config_file is not None:
+        return overrides, None
+    spec = task_spec(load_config(None, {**overrides, **given}).task)
+    return overrides, spec.type.recipe(spec, _named_teacher(args)[0])
+
+
 def _set_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config field, e.g. --set student.init=random --set distill.temperature=2 "
@@ -115,13 +164,16 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
 
     pipeline = commands.add_parser("pipeline", help="teacher, masked LM, augmentation, task distillation, report")
     _common(pipeline, pipeline_configs())
+    _own_files(pipeline)
     pipeline.add_argument("--teacher", help="fine-tuned model with the task's head (hub name or folder); default: "
                           "fine-tune")
     pipeline.add_argument("--student", help="start the student from this checkpoint, e.g. the output of "
                           "`distill --stage general` (overrides student.model)")
-    pipeline.add_argument("--dry-run", action="store_true", help="print the resolved config, what each stage "
-                          "would do (run, resume, reuse, replace, skip) with its run id, and the task data read as the "
-                          "run reads it (bad data refused as the run would), then stop; nothing is written")
+    pipeline.add_argument("--dry-run", action="store_true", help="print what each stage would do (run, resume, "
+                          "reuse, replace, skip) with its run id and its estimated minutes on this machine, and the "
+                          "task data read as the run reads it (bad data refused as the run would), then stop; nothing "
+                          "is written but the cached timings of the model shapes")
+    pipeline.add_argument("--show-config", action="store_true", help="with --dry-run: print the resolved config too")
     pipeline.add_argument("--push-to-hub", metavar="REPO", help="upload the student folder with its model card to "
                           "this hub repository (overrides export.push_to_hub; needs a token: hf auth login)")
 
@@ -141,15 +193,17 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
     seeds = commands.add_parser("seeds", help="the pipeline once per seed, then the mean and spread of teacher, student "
                                 "and retained metric over the runs")
     _common(seeds, pipeline_configs())
+    _own_files(seeds)
     seeds.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per seed, each in "
                        "OUTPUT_DIR/seed-N (default: 42 43 44; 42 is the plain job's seed; OUTPUT_DIR defaults to the "
                        "config's output_dir + '_seeds')")
     seeds.add_argument("--teacher", help="fine-tuned model with the task's head (hub name or folder); default: fine-tune one "
                        "per seed")
     seeds.add_argument("--student", help="start every student from this checkpoint (overrides student.model)")
-    seeds.add_argument("--dry-run", action="store_true", help="print the resolved config, what each seed's stages "
-                       "would do (run, resume, reuse, replace, skip) with their run ids, and the task data read as the "
-                       "run reads it, then stop; nothing is written")
+    seeds.add_argument("--dry-run", action="store_true", help="print what each seed's stages would do (run, "
+                       "resume, reuse, replace, skip) with their run ids and estimated minutes, and the task data "
+                       "read as the run reads it, then stop; nothing is written but the cached timings")
+    seeds.add_argument("--show-config", action="store_true", help="with --dry-run: print the resolved config too")
 
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
@@ -158,9 +212,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
                        "(OUTPUT_DIR defaults to the config's output_dir + '_seeds'), then write seeds.md, seeds.json "
                        "and seeds.png there: every student's metric and retained share as mean and spread over the "
                        "seeds, e.g. --seeds 42 43 44")
-    sweep.add_argument("--dry-run", action="store_true", help="print the resolved config, what each shared stage and "
-                       "each student's stages would do (run, resume, reuse, replace, skip) with their run ids, and the "
-                       "task data read as the run reads it, then stop; nothing is written")
+    sweep.add_argument("--dry-run", action="store_true", help="print what each shared stage and each student's "
+                       "stages would do (run, resume, reuse, replace, skip) with their run ids and estimated minutes, "
+                       "and the task data read as the run reads it, then stop; nothing is written but the cached "
+                       "timings")
+    sweep.add_argument("--show-config", action="store_true", help="with --dry-run: print the resolved config too")
 
     bench = commands.add_parser("benchmark", help="size, speed and accuracy of a teacher and students side by side, "
                                 "with int8 and ONNX Runtime variants")
@@ -275,15 +331,35 @@ def _default_task() -> str:
     return yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))["task"]["name"]
 
 
-def _task_recipe(name: str | None) -> tuple[str, str] | None:
-    """The shipped config for a named task that the default job's is not for (see
-    :meth:`distill.tasks.TaskType.recipe`): (file name, what it is for), or None."""
-    if name is None:
-        return None
+def _task_recipe(name: str | None, teacher_layers: int | None = None) -> tuple[str, str] | None:
+    """The shipped config for a named task (the default job's when None) that the default job's is not for (see
+    :meth:`distill.tasks.TaskType.recipe`; ``teacher_layers``: the named teacher's depth): (file name, what it is for),
+    or None."""
     from distill.tasks import TASKS
 
-    spec = TASKS.get(name)
-    return spec.type.recipe(spec) if spec is not None else None
+    spec = TASKS.get(name or _default_task())
+    return spec.type.recipe(spec, teacher_layers) if spec is not None else None
+
+
+# The heads of a checkpoint fine-tuned for a task (a teacher to distil as it is); any other is an encoder to fine-tune.
+TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
+
+
+def _named_teacher(args: argparse.Namespace) -> tuple[int | None, bool]:
+    """The depth of the teacher ``--teacher`` names, and whether it is a bare encoder (no task head: an encoder to
+    fine-tune, ``teacher.base_model``, rather than a fine-tuned teacher, ``teacher.model``); (None, False) when there is
+    none or its config cannot be read here (a hub model offline)."""
+    name = getattr(args, "teacher", None)
+    if not name or not (args.command in ("pipeline", "seeds") or getattr(args, "stage", None) == "task"):
+        return None, False
+    try:
+        from teachers.models import load_config
+
+        config = load_config(name)
+    except Exception:  # not readable here: a hub name offline, a typo (the run itself says which)
+        return None, False
+    bare = not any(a.endswith(TASK_HEADS) for a in getattr(config, "architectures", None) or [])
+    return getattr(config, "num_hidden_layers", None), bare
 
 
 def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
@@ -302,11 +378,29 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         overrides["export.int8"] = args.int8
     if args.command == "benchmark":
         config_file = _benchmark_config(args, config_file)
-    recipe = _task_recipe(getattr(args, "task", None))
+    try:
+        files, files_recipe = _files_task(args, args.config)
+    except KnownErrors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    teacher_layers, bare_encoder = _named_teacher(args)
+    recipe = files_recipe or (_task_recipe(getattr(args, "task", None), teacher_layers) if not files else None)
     task_job = args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task")
-    if args.config is None and task_job and recipe is not None:
+    if files and args.config is None and task_job and "task.task_type" in files:
+        task = files["task.name"]
+        overrides["output_dir"] = args.output_dir or f"runs/{task}"
+        if recipe is not None:
+            config_file = str(DEFAULT_CONFIG.with_name(recipe[0]))
+        print(f"task {task} of your files: a {files['task.task_type'].replace('_', ' ')} task"
+              + (f", text {', '.join(files['task.text_columns'])}, labels {files['task.label_column']}"
+                 if files.get("task.text_columns") else "")
+              + (" (scores: regression)" if files.get("task.regression") else "")
+              + f"; config: configs/{Path(config_file).name}"
+              + (f", {recipe[1]}" if recipe else ", the default job's") + " (--config FILE for another)",
+              file=sys.stderr)
+    elif args.config is None and task_job and recipe is not None:
         config_file = str(DEFAULT_CONFIG.with_name(recipe[0]))
-        overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
+        overrides["output_dir"] = args.output_dir or f"runs/{args.task or _default_task()}"
         print(f"config: configs/{recipe[0]}, {recipe[1]} (--config FILE for another)", file=sys.stderr)
     elif args.config is None and task_job and args.task not in (None, _default_task()):
         # Another task on the default job's recipe gets its own folder: the default job's stay as they are.
@@ -315,8 +409,11 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         overrides["benchmark.compress"] = []
     if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export"):
         overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
+    overrides.update(files)
     if args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task"):
         overrides.update({"teacher.model": args.teacher, "student.model": args.student})
+        if bare_encoder:  # a pre-trained encoder (--teacher mpnet, bert-base-uncased): fine-tuned here on the task
+            overrides.update({"teacher.model": None, "teacher.base_model": args.teacher})
     if args.command == "pipeline":
         overrides["export.push_to_hub"] = args.push_to_hub
     if args.command == "distill" and args.stage == "general":
@@ -449,30 +546,50 @@ def _command_line(prog: str) -> str:
     return " ".join([*program, *[shlex.quote(a) for a in sys.argv[1:]]])
 
 
-def _dry_run(config, plan) -> int:
-    """Print ``config`` as it would run here, ``plan(config)``'s rows and the task data as the run reads it."""
+def _dry_run(config, plan, show_config: bool = False, entries: dict | None = None) -> int:
+    """Print ``plan(config)``'s rows with each stage's estimated minutes on this machine, the task data as the run
+    reads it and, with ``show_config``, ``config`` as it would run here (``entries``: a sweep's student configs, for
+    the estimate)."""
     import yaml
 
     from distill.config import to_dict
     from distill.device import run_device
-    from distill.job.pipeline import data_preview, for_device, plan_markdown
+    from distill.job.pipeline import data_preview, for_device, plan_markdown, plan_minutes
 
     # The config as it would run here: budget rules that depend on the device resolved (task.max_train_examples_cpu)
     resolved = for_device(config, run_device())
     rows = plan(config)  # first: what the plan refuses (an unknown task, an unreachable shape) is the only output
-    print(yaml.safe_dump(to_dict(resolved), sort_keys=False).rstrip())
+    preview = data_preview(resolved)  # read as the run reads it: what the run would refuse is refused here
+    minutes, why = plan_minutes(resolved, rows, entries)
+    print(plan_markdown(rows, minutes))
     print()
-    print(plan_markdown(rows))
+    if minutes is not None:
+        print(f"estimated: {sum(minutes.values()):.0f} minutes on this machine ({why})")
+    else:
+        print(f"no estimate of the minutes: {why}")
     print()
-    print(data_preview(resolved))  # read as the run reads it: what the run would refuse is refused here
+    print(preview)
+    print()
+    if show_config:
+        print(yaml.safe_dump(to_dict(resolved), sort_keys=False).rstrip())
+    else:
+        print(f"the resolved config: add --show-config to print it (the run saves it as "
+              f"{Path(config.output_dir) / 'config.json'})")
     return 0
+
+
+def _entries(config, plan) -> dict | None:
+    """A sweep's student configs by name (for the dry run's estimate), or None for a pipeline's plan."""
+    from distill.job.pipeline import plan_sweep, sweep_entries
+
+    return sweep_entries(config) if plan is plan_sweep else None
 
 
 def run_pipeline_command(config, args) -> int:
     from distill.job.pipeline import plan_pipeline, run_pipeline
 
     if getattr(args, "dry_run", False):
-        return _dry_run(config, plan_pipeline)
+        return _dry_run(config, plan_pipeline, args.show_config)
 
     start = time.perf_counter()
     report = run_pipeline(config, command=_command_line(args.prog))
@@ -496,7 +613,7 @@ def _over_seeds(config, args, plan, run, done: str, outputs: str) -> int:
 
     if args.dry_run:
         rows = plan_seeds(config, args.seeds, plan=plan)  # a bad seed list is refused before the config is printed
-        return _dry_run(config, lambda _: rows)
+        return _dry_run(config, lambda _: rows, args.show_config, _entries(config, plan))
     start = time.perf_counter()
     out = Path(config.output_dir)
     try:
@@ -541,7 +658,7 @@ def run_sweep_command(config, args) -> int:
 
         return _over_seeds(config, args, plan_sweep, run_sweep_seeds, "sweeps", "summary (plot: seeds.png)")
     if args.dry_run:
-        return _dry_run(config, plan_sweep)
+        return _dry_run(config, plan_sweep, args.show_config, _entries(config, plan_sweep))
     start = time.perf_counter()
     report = run_sweep(config)
     if report is None:  # another process of a multi-process launch: the main one benchmarks and prints
@@ -580,7 +697,12 @@ def run_benchmark_command(config, args) -> int:
     out = Path(args.output_dir) if args.output_dir else Path(config.output_dir) / "benchmark"
     report = run_benchmark(teacher, students, spec, dev, config.benchmark, out, config.task.max_seq_length)
     print((out / "benchmark.md").read_text(encoding="utf-8"))
-    print(f"{len(report['rows'])} rows; table, CSV, JSON and plot in {out}")
+    print(f"{len(report['rows'])} rows; table, CSV, JSON and plot (benchmark.md, .csv, .json, .png) in {out}")
+    models = out / "models"
+    if models.is_dir():
+        size = sum(f.stat().st_size for f in models.rglob("*") if f.is_file()) / 1e6
+        print(f"the compressed copies it timed (int8, ONNX) are in {models}, {size:.0f} MB: delete the folder when "
+              "done with them (a later benchmark there makes them again)")
     return 0
 
 

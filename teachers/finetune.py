@@ -14,10 +14,11 @@ from distill.method.checkpoint import mark_stage_done
 from distill.config import TaskConfig, TeacherConfig
 from distill.tasks.base import TaskSpec
 from distill.tasks.data import collator, tokenize
-from distill.tasks.evaluate import evaluate, evaluate_task
+from distill.tasks.evaluate import dev_scorer, evaluate, evaluate_task
+from distill.tasks.split import TUNING, half_key
 from distill.method.objective import ModelLossObjective
 from distill.method.processes import on_main
-from distill.tasks import record_serving
+from distill.tasks import record_serving, record_tuned
 from distill.method.trainer import BEST_FOLDER, Selection, train
 from teachers.models import ModelError, load_tokenizer, resolve_model
 
@@ -103,7 +104,8 @@ def finetune_teacher(
     as a plain HF checkpoint in ``stage_dir`` and the stage is marked done with its dev metrics. Training and the
     dev evaluation run on ``device``. With ``config.select_best`` the main dev set's primary metric is scored after
     every epoch (or every ``eval_steps`` steps) and the best weights are kept, not the last: model selection on the
-    dev set, as GLUE fine-tuning practice does (the dev metric reported is then the selected model's).
+    dev set, as GLUE fine-tuning practice does, made on its tuning half only (:mod:`distill.tasks.split`), so the
+    report half's score of the kept teacher was not used to choose it.
 
     Returns:
         The stage record: {"run_id", "dev": {metric: value}, "num_train_examples" (rows trained on: a QA question's
@@ -121,15 +123,22 @@ def finetune_teacher(
     objective = ModelLossObjective(model)
     selection, scored = None, []  # scored: every dev evaluation's full metrics, in this process's order
 
-    def score(dev: datasets.Dataset, context) -> float:
-        scored.append(evaluate(model, dev, tokenizer, spec, device=device, context=context))
-        return scored[-1][spec.metrics[0]]
+    # the checkpoint is chosen on the dev set's tuning half (on the whole dev set when that half is empty: a dev set
+    # of a few examples)
+    selected_on = spec.metrics[0]
+
+    def score(dev: datasets.Dataset, context, halves) -> float:
+        scored.append(evaluate(model, dev, tokenizer, spec, device=device, context=context, halves=halves))
+        return scored[-1][selected_on]
 
     if config.select_best:
         split = next(iter(spec.dev_splits))
         dev = tokenize(data[split], tokenizer, spec, task.max_seq_length)
         context = spec.type.metric_context(spec, data, split, tokenizer, task.max_seq_length)  # as evaluate_task scores
-        selection = Selection(lambda: score(dev, context), config.eval_steps)
+        halves = dev_scorer(spec, data, split, dev, tokenizer, task.max_seq_length)
+        if len(halves.rows[TUNING]):
+            selected_on = half_key(TUNING, spec.metrics[0])
+        selection = Selection(lambda: score(dev, context, halves), config.eval_steps)
     state = train(objective, train_set, collator(tokenizer, spec), config.train, stage_dir, run_id, "teacher fine-tuning",
                   device=device, selection=selection)
 
@@ -147,12 +156,14 @@ def finetune_teacher(
             metrics = evaluate_task(model, data, tokenizer, spec, task.max_seq_length, device=device)
         logger.info("teacher dev metrics: %s", metrics)
         check_teacher_quality(metrics, spec, config.min_dev_metric, str(stage_dir), dev_labels(data, spec))
+        if record_tuned(model, spec, metrics):  # a decision threshold chosen on dev's tuning half ships with it
+            model.config.save_pretrained(stage_dir)
         shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
         shutil.rmtree(stage_dir / BEST_FOLDER, ignore_errors=True)
         record = {"dev": metrics, "num_train_examples": len(train_set), "num_examples": len(train_examples),
                   "steps": state.step, "device": str(device)}
         if selection is not None:
-            record["selection"] = {"metric": spec.metrics[0], "best_step": state.best_step,
+            record["selection"] = {"metric": selected_on, "best_step": state.best_step,
                                    "evaluations": state.evaluations, "last": state.evaluations[-1][1]}
         mark_stage_done(stage_dir, run_id, record)
 

@@ -120,9 +120,12 @@ def label_permutation(id2label: dict, spec: TaskSpec, name: str, remap: bool = F
     if names == expected:
         return None
     if sorted(names) != sorted(expected):
+        given = [str(id2label[i]) for i in sorted(id2label)]
         raise ModelError(
             f"{name!r} labels are {names} but task {spec.name} has labels {expected}: it was fine-tuned on another "
-            "task or with other label names"
+            "task or names its classes otherwise. If they are the same classes, write the data's labels as the "
+            f"teacher names them ({', '.join(given)}), or give them as ids with the teacher's names in its order: "
+            f"--set 'task.label_names=[{', '.join(given)}]'"
         )
     if not remap:
         raise ModelError(

@@ -44,10 +44,12 @@ def shared_data(relative: str) -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_asset_cache(tmp_path_factory):
-    """Point ``TINYDISTILL_CACHE`` (extracted assets, general-distilled students) at a folder of this test session, so
-    the suite never writes into the user's ``~/.cache/tinydistill``; the CLI subprocesses inherit it."""
+    """Point ``TINYDISTILL_CACHE`` (extracted assets, general-distilled students, timings) at a folder of this test
+    session, so the suite never writes into the user's ``~/.cache/tinydistill``; the CLI subprocesses inherit it."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINYDISTILL_CACHE", str(tmp_path_factory.mktemp("tinydistill_cache")))
+        # Dry runs without their estimate, which times model shapes (tests/test_estimate.py checks it on its own)
+        patch.setenv("TINYDISTILL_ESTIMATE", "off")
         yield
 
 

@@ -33,10 +33,43 @@ def bench(tmp_path_factory):
     THREADS["before"] = torch.get_num_threads()
     config = BenchmarkConfig(batch_sizes=[1, 4], seq_lengths=[8, 16], num_warmup=1, min_repeats=3, max_repeats=5,
                              num_threads=1 if THREADS["before"] > 1 else 2)  # not the process's own count
-    report = run_benchmark(root / "teacher", {"small": (root / "small", "random")}, get_task("sst2"), dev, config,
-                           root / "out", max_seq_length=16)
+    # The tiny teacher scores 3 of 6, the balanced dev set's chance: no retained share would mean anything there
+    # (test_a_model_at_chance_gets_no_share); the ratios' arithmetic is checked with no chance level known.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("distill.publish.benchmark.chance", lambda spec, labels: None)
+        report = run_benchmark(root / "teacher", {"small": (root / "small", "random")}, get_task("sst2"), dev, config,
+                               root / "out", max_seq_length=16)
     THREADS["after"] = torch.get_num_threads()
     return root, report
+
+
+def test_a_model_at_chance_gets_no_share_as_the_report_says():
+    from pathlib import Path
+
+    from distill.publish.benchmark import Row, _report, markdown
+
+    spec, config = get_task("sst2"), BenchmarkConfig(batch_sizes=[4], seq_lengths=[16], memory=False)
+    latency = {"b4_t16": {"median_ms": 10.0, "p90_ms": 11.0, "spread": 0.1, "repeats": 3}}
+
+    def row(name, accuracy):
+        return Row(name, name, "pytorch", None, Path(name), 1.0, {"num_parameters": 10,
+                                                                    "num_parameters_without_embeddings": 5},
+                   results={"dev": {"accuracy": accuracy, "report/accuracy": accuracy}, "latency": latency,
+                            "samples_per_s": 400.0})
+
+    level = {"metric": "accuracy", "value": 0.5, "basis": "majority class 'negative'"}
+    clear = _report([row("teacher", 0.9), row("student", 0.8)], spec, config, "b4_t16", torch.device("cpu"),
+                    Path("."), level)
+    assert clear["rows"][1]["ratios"]["metric_retained"] == pytest.approx(0.8 / 0.9)
+    assert clear["rows"][1]["retained_note"] is None
+    at_chance = _report([row("teacher", 0.5), row("student", 0.8)], spec, config, "b4_t16", torch.device("cpu"),
+                        Path("."), level)
+    for found in at_chance["rows"]:
+        assert found["ratios"]["metric_retained"] is None and "teacher at chance" in found["retained_note"]
+    assert "| n/a |" in markdown(at_chance) and "n/a — teacher at chance" in markdown(at_chance)
+    student_low = _report([row("teacher", 0.9), row("student", 0.52)], spec, config, "b4_t16", torch.device("cpu"),
+                          Path("."), level)
+    assert student_low["rows"][1]["ratios"]["metric_retained"] is None  # within 0.05 of chance
 
 
 THREADS: dict[str, int] = {}
@@ -77,7 +110,8 @@ def test_every_model_and_variant_is_a_row_with_all_columns(bench):
         with torch.no_grad():
             logits = {name: model(**batch).logits, f"{name} (int8)": quantize_torch(model)(**batch).logits}
         for variant in ("onnx", "onnx-int8"):
-            logits[f"{name} ({variant})"] = OnnxClassifier(rows[f"{name} ({variant})"]["path"])(**batch).logits
+            graph = OnnxClassifier(root / "out" / rows[f"{name} ({variant})"]["path"])
+            logits[f"{name} ({variant})"] = graph(**batch).logits
         for row, values in logits.items():
             expected = sum(int(p == y) for p, y in zip(values.argmax(-1).tolist(), LABELS)) / len(LABELS)
             assert rows[row]["accuracy"] == pytest.approx(expected), row
@@ -85,8 +119,13 @@ def test_every_model_and_variant_is_a_row_with_all_columns(bench):
     assert (teacher["accuracy"], small["accuracy"]) == (pytest.approx(3 / 6), pytest.approx(5 / 6))
     assert small["ratios"]["smaller_by"] == pytest.approx(teacher["num_parameters"] / small["num_parameters"])
     assert small["ratios"]["faster_by"] == pytest.approx(teacher["latency_ms"]["b4_t16"] / small["latency_ms"]["b4_t16"])
-    assert small["ratios"]["metric_retained"] == pytest.approx(small["accuracy"] / teacher["accuracy"])
-    assert teacher["ratios"] == {"smaller_by": 1.0, "smaller_on_disk_by": 1.0, "faster_by": 1.0, "metric_retained": 1.0}
+    # the share reported is on the dev set's report half; the whole dev set's beside it
+    assert report["setup"]["metric"] == "report/accuracy"
+    assert small["ratios"]["metric_retained"] == pytest.approx(small["report/accuracy"] / teacher["report/accuracy"])
+    assert small["ratios"]["metric_retained_dev"] == pytest.approx(small["accuracy"] / teacher["accuracy"])
+    assert teacher["ratios"] == {"smaller_by": 1.0, "smaller_on_disk_by": 1.0, "faster_by": 1.0, "metric_retained": 1.0,
+                                 "metric_retained_dev": 1.0}
+    assert teacher["retained_note"] is None
     # The embedding table is 34 x 16 plus positions and types: what "without embeddings" leaves out is the word table.
     assert small["num_parameters"] - small["num_parameters_without_embeddings"] == 34 * 16
     assert small["init"] == "random" and teacher["init"] == "fine-tuned"
@@ -104,8 +143,8 @@ def test_compressed_rows_load_and_predict_like_their_model(bench):
     with torch.no_grad():
         expected = model(**batch).logits
         quantized = quantize_torch(model)(**batch).logits
-    onnx = OnnxClassifier(rows["teacher (onnx)"]["path"])(**batch).logits
-    onnx_int8 = OnnxClassifier(rows["teacher (onnx-int8)"]["path"])(**batch).logits
+    onnx = OnnxClassifier(root / "out" / rows["teacher (onnx)"]["path"])(**batch).logits
+    onnx_int8 = OnnxClassifier(root / "out" / rows["teacher (onnx-int8)"]["path"])(**batch).logits
     torch.testing.assert_close(onnx, expected, rtol=1e-4, atol=1e-4)  # the exported graph is the model
     for approximate in (quantized, onnx_int8):
         assert not torch.equal(approximate, expected)  # really quantized ...
@@ -113,7 +152,8 @@ def test_compressed_rows_load_and_predict_like_their_model(bench):
     assert rows["teacher (onnx)"]["accuracy"] == rows["teacher"]["accuracy"]
     import onnx as onnx_lib
 
-    operators = {node.op_type for node in onnx_lib.load(rows["teacher (onnx-int8)"]["path"]).graph.node}
+    graph = onnx_lib.load(root / "out" / rows["teacher (onnx-int8)"]["path"]).graph
+    operators = {node.op_type for node in graph.node}
     assert operators & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
 
 
@@ -124,7 +164,7 @@ def test_int8_quantization_ignores_shape_annotations_that_disagree_with_inferenc
     import onnx as onnx_lib
 
     root, report = bench
-    source = onnx_lib.load(next(r for r in report["rows"] if r["name"] == "teacher (onnx)")["path"])
+    source = onnx_lib.load(root / "out" / next(r for r in report["rows"] if r["name"] == "teacher (onnx)")["path"])
     hidden = [info for info in source.graph.value_info
               if [d.dim_value for d in info.type.tensor_type.shape.dim][-1:] == [64]]
     assert hidden  # the export annotates intermediate (B, T, 64) tensors

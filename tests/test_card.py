@@ -47,13 +47,28 @@ def test_the_student_folder_has_a_card_the_hub_reads_back_with_its_metrics(finis
     assert "`onnx/model.onnx`" in text and "`onnx/model_quantized.onnx`" in text
 
 
+def test_no_card_or_report_names_a_path_of_the_machine_that_made_it(finished):
+    config, out = finished
+    data_folder = str(Path(config.task.data_dir).resolve())
+    for name in ("student/README.md", "report.md", "report.json"):
+        text = (out / name).read_text()
+        assert str(out.parent) not in text and data_folder not in text, name
+    report = json.loads((out / "report.json").read_text())
+    assert report["student"]["path"] == "student" and report["student"]["run"]["data"]["location"] == \
+        Path(config.task.data_dir).name
+    assert "Data: local data folder (" + Path(config.task.data_dir).name + "): 12 train, 6 dev examples." in \
+        (out / "student" / "README.md").read_text()
+
+
 def test_the_onnx_files_reproduce_the_pytorch_predictions(finished):
     config, out = finished
     folder = out / "student"
     record = json.loads((folder / "onnx" / "export.json").read_text())
     fp32 = record["files"]["model.onnx"]
     assert fp32["max_abs_logit_difference"] < 1e-4 and fp32["same_prediction"] == 1.0
-    assert fp32["dev"] == record["pytorch"]["dev"] == json.loads((folder / "stage.json").read_text())["dev"]
+    whole = {key: value for key, value in json.loads((folder / "stage.json").read_text())["dev"].items()
+             if not key.startswith(("tuning/", "report/"))}  # the export scores the whole dev set
+    assert fp32["dev"] == record["pytorch"]["dev"] == whole
     assert record["files"]["model_quantized.onnx"]["size_mb"] < fp32["size_mb"]
     # The folder is deployable as it is: tokenizer and config beside the graphs.
     tokenizer = AutoTokenizer.from_pretrained(folder / "onnx")
@@ -117,9 +132,10 @@ def test_the_export_command_writes_the_files_and_the_benchmark_times_them(finish
                            BenchmarkConfig(batch_sizes=[1], seq_lengths=[8], num_warmup=1, min_repeats=1,
                                            max_repeats=1, compress=["onnx", "onnx-int8"], memory=False),
                            tmp_path / "bench", 16)
-    paths = {row["name"]: row["path"] for row in report["rows"]}
-    assert paths["student (onnx)"] == str(student / "onnx" / "model.onnx")  # the student's own file, not a new one
-    assert paths["student (onnx-int8)"] == str(student / "onnx" / "model_quantized.onnx")
+    paths = {row["name"]: (tmp_path / "bench" / row["path"]).resolve() for row in report["rows"]}
+    assert not any(Path(row["path"]).is_absolute() for row in report["rows"])  # no path of the machine that made it
+    assert paths["student (onnx)"] == (student / "onnx" / "model.onnx").resolve()  # the student's own file
+    assert paths["student (onnx-int8)"] == (student / "onnx" / "model_quantized.onnx").resolve()
     # New weights exported without int8: the int8 file of the old weights goes, it is not left to ship beside them.
     from safetensors.torch import load_file, save_file
 

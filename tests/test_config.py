@@ -374,3 +374,50 @@ def test_mixed_precision_no_reads_as_the_string_yaml_would_make_a_boolean(tmp_pa
     assert load_config(None, {"distill.prediction.mixed_precision": False}).distill.prediction.mixed_precision == "no"
     with pytest.raises(ConfigError, match="mixed_precision: must be one of no, bf16, fp16, got 'yes'"):
         load_config(None, {"teacher.train.mixed_precision": "yes"})
+
+
+@pytest.mark.parametrize("task, head, recipe, init", [
+    ("mrpc", False, "pair_12layer.yaml", "pruned"), ("sst2", False, "sst2_12layer.yaml", "pruned"),
+    ("wnut_17", True, "ner_12layer.yaml", "pruned"), ("goemotions", False, "sst2_12layer.yaml", "pruned")])
+def test_a_12_layer_teacher_gets_its_task_types_12_layer_recipe(tmp_path, monkeypatch, capsys, task, head, recipe,
+                                                                 init):
+    """--teacher names a 12-layer model: a bare encoder is fine-tuned on the task (teacher.base_model), a fine-tuned
+    one distilled as it is (teacher.model); either way the recipe is the type's for a 12-layer teacher (a pruned
+    4-layer/312 student), not the MiniLM recipe's student at half the teacher's depth."""
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+    import run_distill
+
+    shape = BertConfig(vocab_size=40, hidden_size=24, num_hidden_layers=12, num_attention_heads=12,
+                       intermediate_size=48)
+    teacher = tmp_path / "encoder"
+    (BertForSequenceClassification(shape) if head else BertModel(shape)).save_pretrained(teacher)
+    seen = {}
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setitem(run_distill.COMMANDS, "pipeline", lambda config, args: seen.update(config=config) or 0)
+    monkeypatch.setattr(run_distill, "_setup_logging", lambda output_dir: None)
+    argv = ["pipeline", "--teacher", str(teacher)] + (["--task", task] if task != "sst2" else [])
+    assert run_distill.main(argv) == 0
+    config = seen["config"]
+    assert f"config: configs/{recipe}, " in capsys.readouterr().err
+    assert config.student.preset == "tinybert-4l-312" and config.student.init == init
+    assert config.output_dir == f"runs/{task}"
+    if head:  # a fine-tuned teacher is distilled as it is
+        assert config.teacher.model == str(teacher)
+    else:  # an encoder is fine-tuned here
+        assert (config.teacher.model, config.teacher.base_model) == (None, str(teacher))
+
+
+def test_the_12_layer_pair_recipe_is_the_measured_mrpc_job():
+    """configs/pair_12layer.yaml is configs/pair_pruned.yaml from MPNet with the teacher's outputs cached and three
+    intermediate and three prediction epochs: the command its results in docs/results.md were measured with."""
+    from distill.job.stages import STAGES
+
+    def run_ids(config):
+        return {name: spec.run_id(config, {i: "x" for i in spec.inputs}) for name, spec in STAGES.items()}
+
+    recipe = load_config(ROOT / "configs/pair_12layer.yaml", {"task.name": "mrpc"})
+    measured = load_config(ROOT / "configs/pair_pruned.yaml", {
+        "task.name": "mrpc", "teacher.base_model": "mpnet", "distill.teacher_cache": "float16",
+        "distill.intermediate.num_epochs": 3, "distill.prediction.num_epochs": 3})
+    assert run_ids(recipe) == run_ids(measured)

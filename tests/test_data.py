@@ -28,11 +28,14 @@ def test_the_data_source_says_where_the_data_came_from_and_how_much_is_used(tmp_
     _, bundled = load_task_data_with_source(TaskConfig(name="sst2", max_eval_examples=32))
     assert (bundled.kind, bundled.location) == ("bundled", str(ASSETS / "sst2"))
     assert bundled.num_examples == {"train": 10000, "dev": 32} and bundled.num_available == {"train": 10000, "dev": 872}
-    assert bundled.describe() == f"bundled sample ({ASSETS / 'sst2'}): 10000 train, first 32 of 872 dev examples"
+    # what a card or report says names the folder, not this machine's path to it; the log says the path
+    assert bundled.describe() == "bundled sample (sst2): 10000 train, first 32 of 872 dev examples"
+    assert bundled.describe(public=False) == f"bundled sample ({ASSETS / 'sst2'}): 10000 train, first 32 of 872 dev " \
+        "examples"
     (tmp_path / "train.csv").write_text("text,label\na,x\nb,y\n")
     _, files = load_task_data_with_source(TaskConfig(name="mine", train_file=str(tmp_path / "train.csv"),
                                                      dev_file=str(tmp_path / "train.csv"), text_columns=["text"]))
-    assert files.kind == "files" and files.describe().endswith("train.csv): 2 train, 2 dev examples")
+    assert files.kind == "files" and files.describe() == "your files (train.csv, train.csv): 2 train, 2 dev examples"
 
 
 def test_malformed_line_gives_its_number(tmp_path):

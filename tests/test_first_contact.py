@@ -386,9 +386,9 @@ def test_the_readme_has_a_smoke_command_for_each_task_type_and_each_passes_the_d
     for command, task in zip(pipelines, tasks):
         output = ROOT / command[command.index("--output-dir") + 1]
         existed = output.exists()
-        assert run_distill.main([*command, "--dry-run"]) == 0, task
+        assert run_distill.main([*command, "--dry-run", "--show-config"]) == 0, task
         out = capsys.readouterr().out
         assert "data: " in out and "  train 0: " in out, task
-        augmented = yaml.safe_load(out.split("\n\nstage")[0])["augment"]["enabled"]
+        augmented = yaml.safe_load(out.rsplit("\n\n", 1)[-1])["augment"]["enabled"]  # the resolved config, last
         assert augmented is (task != "squad"), task
         assert output.exists() == existed, task  # nothing written

@@ -89,7 +89,7 @@ def test_a_dry_run_prints_the_config_and_the_plan_and_writes_nothing(tmp_path, c
 
     folder = tmp_path / "run"
     assert run_distill.main(["pipeline", "--config", "configs/smoke.yaml", "--output-dir", str(folder),
-                             "--dry-run"]) == 0
+                             "--dry-run", "--show-config"]) == 0
     printed = capsys.readouterr().out
     assert f"output_dir: {folder}" in printed  # the resolved config
     for stage in ("teacher", "mlm", "augmented", "student_intermediate", "teacher_logits", "student"):

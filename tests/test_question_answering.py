@@ -393,7 +393,8 @@ def test_the_pipeline_distils_a_reader_that_answers_through_pytorch_and_onnx(tmp
                     export={"onnx": True, "int8": False})
     report = run_pipeline(load_config(str(path)))
     out = tmp_path / "run"
-    assert set(report["models"]["student"]["dev"]) == {"f1", "exact_match"}
+    assert set(report["models"]["student"]["dev"]) == {f"{half}{name}" for half in ("", "tuning/", "report/")
+                                                       for name in ("f1", "exact_match")}
     teacher = json.loads((out / "teacher" / "stage.json").read_text())
     assert teacher["steps"] == 2 and [step for step, _ in teacher["selection"]["evaluations"]] == [1, 2]
     student = out / "student"
@@ -649,9 +650,9 @@ def test_the_dry_run_prints_the_config_as_it_would_run_here(tmp_path, capsys):
     write_squad(tmp_path / "train.json")
     write_squad(tmp_path / "dev.json")
     code = run_distill.main(["pipeline", "--task", "squad", "--data-dir", str(tmp_path), "--output-dir",
-                             str(tmp_path / "run"), "--dry-run"])
+                             str(tmp_path / "run"), "--dry-run", "--show-config"])
     out = capsys.readouterr().out
-    printed = yaml.safe_load(out.split("\n\nstage")[0])
+    printed = yaml.safe_load(out.rsplit("\n\n", 1)[-1])  # the resolved config, last
     assert code == 0 and printed["task"]["max_train_examples"] == 16000  # on this CPU
     # The data read as the run reads it: where from, the layout, the first rows.
     assert f"data: local data folder ({tmp_path}): 4 train, 4 dev examples" in out

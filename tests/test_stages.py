@@ -40,8 +40,9 @@ def test_the_teacher_keeps_its_best_scored_weights(finished_run):
     config, out = finished_run
     record = json.loads((out / "teacher" / "stage.json").read_text())
     selection = record["selection"]
-    assert selection["metric"] == "accuracy" and [step for step, _ in selection["evaluations"]] == [2]
-    assert record["dev"]["accuracy"] == pytest.approx(selection["evaluations"][0][1])
+    # chosen on the dev set's tuning half
+    assert selection["metric"] == "tuning/accuracy" and [step for step, _ in selection["evaluations"]] == [2]
+    assert record["dev"]["tuning/accuracy"] == pytest.approx(selection["evaluations"][0][1])
     assert not (out / "teacher" / "best").exists()  # kept until the stage is done, then removed
     # The report says what was kept against what plain fine-tuning (the last step) gives.
     report = (out / "report.md").read_text()

@@ -212,8 +212,9 @@ def test_unlabelled_text_without_augmented_copies_runs_no_masked_lm(tmp_path, ti
 
 
 def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tokenizer):
-    """``augment.max_rows`` no larger than the training set leaves no room for copies: no masked LM is adapted, every
-    example is kept unaugmented, and the augmented stage has the run id the plan (which reads no data) printed."""
+    """``augment.max_rows`` no larger than the training set leaves no room for copies: no masked LM is adapted (the
+    plan, which reads the training set, says so), every example is kept unaugmented, and the augmented stage has the
+    run id the plan printed."""
     from distill.job.pipeline import plan_markdown, plan_pipeline, run_pipeline
     from tests.conftest import tiny_job_every_stage
 
@@ -225,7 +226,8 @@ def test_a_training_set_that_fills_max_rows_runs_no_masked_lm(tmp_path, tiny_tok
     path.write_text(yaml.safe_dump(job))
     config = load_config(str(path))
     plan = {row["stage"]: row for row in plan_pipeline(config)}
-    assert plan["mlm"]["action"] == "run" and "augment.max_rows" in plan_markdown(list(plan.values()))
+    assert plan["mlm"]["action"] == "skip" and "no room for copies under augment.max_rows 1" in plan_markdown(
+        list(plan.values()))
     run_pipeline(config)
     out = tmp_path / "run"
     assert not (out / "mlm").exists()

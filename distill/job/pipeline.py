@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import logging
 import math
 import shutil
@@ -41,7 +42,8 @@ from augment import (
     shard_folders,
 )
 from augment.dataset import masked_lm_words
-from distill.publish.card import describe_init, latency_note, push_to_hub, recipe_lines, student_card
+from distill.publish.card import (describe_init, latency_note, public_name, push_to_hub, recipe_lines,
+                                  student_card)
 from distill.method.checkpoint import (
     STAGE_FILE,
     finished_or_superseded,
@@ -65,6 +67,7 @@ from distill.tasks.base import DataError, TaskSpec, TaskType
 from distill.tasks.data import ASSETS, DataSource, collator, load_task_data_with_source, task_spec, tokenize
 from distill.device import is_accelerator, run_device
 from distill.tasks.evaluate import evaluate_task, predict
+from distill.tasks.split import REPORT, half_key
 from distill.publish.export import export_student
 from distill.job.general import (
     PROJECTIONS_FILE,
@@ -92,7 +95,7 @@ from distill.publish.report import (
     write_report,
 )
 from distill.job.stages import STAGES, ConfigView
-from distill.tasks import record_serving
+from distill.tasks import record_serving, record_tuned
 from distill.method.teacher_cache import (CacheLayout, TeacherCache, build_teacher_cache, cached_logits, storage_dtype,
                                           with_cache_index)
 from distill.method.terms import teacher_reads
@@ -151,6 +154,7 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         check_teacher_quality(metrics, spec, config.teacher.min_dev_metric, config.teacher.model,
                               dev_labels(data, spec))
         record_serving(teacher, spec, config.task.max_seq_length)
+        record_tuned(teacher, spec, metrics)
         teacher.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
@@ -198,11 +202,7 @@ def augment_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
     # No copies to make: augment.num_copies 0, or a training set that fills augment.max_rows (or max_examples 0) on
     # its own; the set is the training set and any unlabelled text, and no masked LM is adapted. The run id still
     # names the masked LM the config asks for, so that the plan, which reads no data, gives the same one.
-    copies = config.augment.num_copies > 0 and examples_to_augment(
-        len(data["train"]), dataclasses.replace(config.augment, max_mlm_words=None)) > 0
-    if copies and config.augment.max_mlm_words is not None:  # the first example's masked-LM work alone exceeds it
-        copies = masked_lm_words(data["train"][0], spec.text_columns, config.augment.mlm_context) <= \
-            config.augment.max_mlm_words
+    copies = makes_copies(config, spec, data["train"])
     if config.augment.num_copies > 0 and not copies:
         logger.info("augmentation: the %d training examples leave no room for copies (augment.max_rows %s, "
                     "augment.max_examples %s, augment.max_mlm_words %s); every example is kept as it is and no masked "
@@ -516,6 +516,18 @@ def _distill_step(
     return objective
 
 
+def _ship_tuned(folder: Path, model, spec: TaskSpec, metrics: dict) -> dict:
+    """Save the settings the model's type chose on the dev set's tuning half (a multi-label decision threshold) in
+    ``folder/config.json`` beside its weights (:func:`distill.tasks.record_tuned`); returns {"tuned": settings} for
+    its stage record, {} when none."""
+    tuned = record_tuned(model, spec, metrics)
+    if tuned:
+        model.config.save_pretrained(folder)
+        logger.info("%s: ships with %s, chosen on the dev set's tuning half", folder,
+                    ", ".join(f"{name} {value}" for name, value in tuned.items()))
+    return {"tuned": tuned} if tuned else {}
+
+
 def _save_student(folder: Path, student, tokenizer, objective: DistillationObjective | None = None,
                   record: tuple[str, dict] | None = None) -> None:
     """Save a step's student with the tokenizer (and the objective's learnt projections, when given) into ``folder``
@@ -609,8 +621,9 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
         _save_student(folder, student, tokenizer)
         metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
         logger.info("student dev metrics: %s", metrics)
+        tuned = _ship_tuned(folder, student, spec, metrics)
         weights = prediction_terms(config.distill.weights, config.distill.hard_label_weight)
-        mark_stage_done(folder, run_id, {"dev": metrics, "weights": weights, "device": str(device)})
+        mark_stage_done(folder, run_id, {"dev": metrics, "weights": weights, "device": str(device), **tuned})
 
     return on_main(folder, run_id, finish)
 
@@ -737,7 +750,7 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
         folder = out / name
         model = spec.type.model_class(spec).from_pretrained(folder).eval()
         models[name] = model
-        entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": str(folder), **count_parameters(model),
+        entries[name] = {"dev": record["dev"], "size_mb": size_mb(folder), "path": name, **count_parameters(model),
                          **({"selection": record["selection"]} if "selection" in record else {})}
     stored = stored_timing(out, key)
     if stored is not None:
@@ -767,8 +780,7 @@ def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, s
 def run_record(spec: TaskSpec, source: DataSource, out: Path) -> dict:
     """What a run used, for its report and card: the task, the data (:class:`distill.tasks.data.DataSource` with its
     description) and the config file."""
-    return {"task": spec.name, "data": {**dataclasses.asdict(source), "description": source.describe()},
-            "config": str(out / "config.json")}
+    return {"task": spec.name, "data": source.public(), "config": f"{out.name}/config.json"}
 
 
 def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, out: Path, report: dict,
@@ -780,7 +792,8 @@ def publish_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
               if config.export.onnx else None)
     rows = []
     for name, entry in report["models"].items():
-        label = f"teacher (`{config.teacher.model or config.teacher.base_model}`, fine-tuned)" if name == "teacher" else "student"
+        label = (f"teacher (`{public_name(config.teacher.model or config.teacher.base_model)}`, fine-tuned)"
+                 if name == "teacher" else "student")
         rows.append({"name": label, "dev": entry["dev"], "num_parameters": entry["num_parameters"],
                      "size_mb": entry["size_mb"], "faster_by": entry["ratios"]["faster_by"],
                      "faster_by_range": entry["ratios"].get("faster_by_range"),
@@ -868,7 +881,8 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
                                student_dir=out / "students" / name, device=device)
         logger.info("sweep student %s: dev %s", name, record["dev"])
         students[name] = (out / "students" / name / "student",
-                          describe_init(student_config.student, student_config.distill.layer_map))
+                          describe_init(student_config.student, student_config.distill.layer_map,
+                                        student_config.general.enabled))
     if not is_main_process():  # the main process times the models alone and writes the benchmark and the cards
         return None
     for extra in config.benchmark.students:
@@ -877,9 +891,11 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
     report = run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
                            config.task.max_seq_length, device=device)
     rows = {row["name"]: row for row in report["rows"] if row["variant"] == "pytorch"}
+    halves = [half_key(REPORT, name) for name in spec.metrics]
     for name, student_config in entries.items():
-        card_rows = [{"name": f"{label} (`{config.teacher.model or config.teacher.base_model}`)" if label == "teacher"
-                      else name, "dev": {m: rows[label][m] for m in spec.metrics if m in rows[label]},
+        card_rows = [{"name": f"{label} (`{public_name(config.teacher.model or config.teacher.base_model)}`)"
+                      if label == "teacher"
+                      else name, "dev": {m: rows[label][m] for m in (*spec.metrics, *halves) if m in rows[label]},
                       "num_parameters": rows[label]["num_parameters"], "size_mb": rows[label]["size_mb"],
                       "faster_by": rows[label]["ratios"]["faster_by"], "retained": rows[label]["ratios"]["metric_retained"],
                       "latency_ms": rows[label]["latency_ms"]} for label in ("teacher", name)]
@@ -889,7 +905,7 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         recipe = _recipe(student_config, spec, teacher_record, general, step1, train_data, step2)
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
-                     command=f"python run_distill.py sweep --config {out / 'config.json'}",
+                     command=f"python run_distill.py sweep --config {public_name(str(out))}/config.json",
                      license=config.export.license, data=run_record(spec, source, out)["data"],
                      chance=chance(spec, dev_labels(data, spec)),
                      latency_note="Latency from the benchmark of the sweep (see benchmark/benchmark.md of the run)."
@@ -947,11 +963,12 @@ def rescored(record: dict, folder: Path, config: PipelineConfig, spec: TaskSpec,
              device: torch.device) -> dict:
     """A finished teacher or student stage's record with dev metrics of the current scorer: a record that lacks a
     metric the task names now, or one its type adds to the seeds summary (scored by an older version, e.g. NER before
-    ``f1_strict`` stood beside the standard ``f1``), is scored again from the saved model by the main process, and its
-    ``stage.json`` updated (run id and wall time kept; a teacher's fine-tuning history, scored the old way, dropped),
-    so the report never compares a teacher and a student scored two ways."""
+    ``f1_strict`` stood beside the standard ``f1``, or before the dev set's report half), is scored again from the
+    saved model by the main process, and its ``stage.json`` updated (run id and wall time kept; a teacher's
+    fine-tuning history, scored the old way, dropped), so the report never compares a teacher and a student scored
+    two ways."""
     def missing(found: dict | None) -> list[str]:
-        names = (*spec.metrics, *spec.type.summary_metrics)
+        names = (*spec.metrics, *spec.type.summary_metrics, half_key(REPORT, spec.metrics[0]))
         return list(names) if found is None else [name for name in names if name not in found.get("dev", {})]
 
     stale = missing(record)
@@ -965,7 +982,7 @@ def rescored(record: dict, folder: Path, config: PipelineConfig, spec: TaskSpec,
         metrics = evaluate_task(model, data, load_tokenizer(str(folder)), spec, config.task.max_seq_length,
                                 device=device)
         kept = {key: value for key, value in record.items() if key not in ("dev", "selection")}
-        updated = {**kept, "dev": metrics, "rescored": True}
+        updated = {**kept, "dev": metrics, "rescored": True, **_ship_tuned(folder, model, spec, metrics)}
         write_json_atomic(folder / STAGE_FILE, updated)
     return updated
 
@@ -1032,9 +1049,12 @@ def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> li
             add("mlm", None, None, "mlm.model is given")
         elif config.augment.max_examples == 0:
             add("mlm", None, None, "augment.max_examples is 0")
+        elif config.augment.max_rows is not None and _makes_no_copy(config) is True:
+            add("mlm", None, None, f"the training set leaves no room for copies under augment.max_rows "
+                                   f"{config.augment.max_rows}")
         else:
             add("mlm", out / "mlm", mlm_id)
-            if rows[-1]["action"] != "reuse" and config.augment.max_rows is not None:
+            if rows[-1]["action"] != "reuse" and config.augment.max_rows is not None and _makes_no_copy(config) is None:
                 rows[-1]["note"] = "not if the training set leaves no room for copies under augment.max_rows"
         data_id = add("augmented", out / "augmented", STAGES["augmented"].run_id(
             config, augmented_inputs(config, teacher_id)))
@@ -1088,6 +1108,45 @@ def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> li
     add("report", None, None)
     add("export", None, None, None if config.export.onnx else "export.onnx is false")
     return rows
+
+
+def _makes_no_copy(config: PipelineConfig) -> bool | None:
+    """Whether augmentation will make no copy of any training example (so no masked LM is adapted), as
+    :func:`augment_stage` decides it from the training set; None when the data cannot be read here (the hub's)."""
+    key = json.dumps({"task": to_dict(config.task), "augment": to_dict(config.augment)}, sort_keys=True)
+    if key not in _NO_COPY:
+        try:
+            spec = task_spec(config.task)
+            if spec.hub is not None and data_source_kind(config.task, spec) == "hub":
+                raise OSError("hub data")
+            train = load_task_data_with_source(config.task, spec)[0]["train"]
+        except (OSError, ValueError):
+            _NO_COPY[key] = None
+        else:
+            _NO_COPY[key] = not makes_copies(config, spec, train)
+    return _NO_COPY[key]
+
+
+def makes_copies(config: PipelineConfig, spec: TaskSpec, train: datasets.Dataset) -> bool:
+    """Whether augmentation makes any copy of ``train``'s examples: ``augment.num_copies`` above 0, room for copies
+    under ``augment.max_rows`` and ``max_examples`` (:func:`augment.examples_to_augment`), and the first example's
+    masked-LM work within ``augment.max_mlm_words``."""
+    copies = config.augment.num_copies > 0 and examples_to_augment(
+        len(train), dataclasses.replace(config.augment, max_mlm_words=None)) > 0
+    if copies and config.augment.max_mlm_words is not None:  # the first example's masked-LM work alone exceeds it
+        copies = masked_lm_words(train[0], spec.text_columns, config.augment.mlm_context) <= \
+            config.augment.max_mlm_words
+    return copies
+
+
+_NO_COPY: dict[str, bool | None] = {}  # per task and augmentation settings: read once per process
+
+
+def data_source_kind(task, spec: TaskSpec) -> str:
+    """Where ``task.source`` "auto" reads a named task from: "local" (a data folder), "bundled" or "hub"."""
+    if task.source != "auto":
+        return task.source
+    return "local" if task.data_dir else "bundled" if (ASSETS / spec.name).is_dir() else "hub"
 
 
 def shared_row(row: dict, made_by: dict, key: str, maker: str) -> dict:
@@ -1193,7 +1252,7 @@ def data_preview(config: PipelineConfig, num_rows: int = 3) -> str:
         return f"data: {task.train_file}, {task.dev_file} (hub data sets), read when the run starts"
     data, source = load_task_data_with_source(task, spec)
     labels = spec.type.describe_labels(spec)
-    lines = [f"data: {source.describe()}",
+    lines = [f"data: {source.describe(public=False)}",
              f"{spec.type.description} ({spec.task_type}): columns {', '.join(spec.text_columns)}; labels: {labels}"]
     train = data["train"]
     for index in range(min(num_rows, len(train))):
@@ -1219,12 +1278,41 @@ def _preview_row(row: dict, spec: TaskSpec, width: int = 60) -> str:
     return "; ".join(f"{name} {shown(value)}" for name, value in row.items())
 
 
-def plan_markdown(rows: list[dict]) -> str:
-    """:func:`plan_pipeline`'s rows as a plain-text table, one stage a line."""
+def plan_markdown(rows: list[dict], minutes: dict[str, float] | None = None) -> str:
+    """:func:`plan_pipeline`'s rows as a plain-text table, one stage a line, with each stage's estimated minutes
+    (:func:`plan_minutes`) where given."""
     width = max(22, *(len(row["stage"]) + 2 for row in rows))
-    lines = [f"{'stage':<{width}}{'action':<9}{'run id':<18}folder"]
+    shown = minutes is not None
+    lines = [f"{'stage':<{width}}{'action':<9}" + ("min    " if shown else "") + f"{'run id':<18}folder"]
     for row in rows:
         where = row.get("why") and f"({row['why']})" or row["folder"] or ""
         note = f" ({row['note']})" if row.get("note") else ""
-        lines.append(f"{row['stage']:<{width}}{row['action']:<9}{row['run_id'] or '-':<18}{where}{note}")
+        cost = (f"{minutes[row['stage']]:<7.1f}" if row["stage"] in minutes else f"{'-':<7}") if shown else ""
+        lines.append(f"{row['stage']:<{width}}{row['action']:<9}{cost}{row['run_id'] or '-':<18}{where}{note}")
     return "\n".join(lines)
+
+
+def plan_minutes(config: PipelineConfig, rows: list[dict], entries: dict | None = None
+                 ) -> tuple[dict[str, float] | None, str]:
+    """Each stage's estimated minutes on this machine (:func:`distill.job.estimate.estimate_minutes`) and how they
+    were reached, or (None, why not): the data or a model cannot be read here yet (a hub data set or teacher
+    offline)."""
+    from distill.job.estimate import Clock, estimate_minutes
+
+    if os.environ.get("TINYDISTILL_ESTIMATE", "on").lower() in ("off", "0", "false", "no"):
+        return None, "TINYDISTILL_ESTIMATE is off"
+    spec = task_spec(config.task)
+    if spec.hub is not None and data_source_kind(config.task, spec) == "hub":
+        return None, "the data come from the hub when the run starts"
+    clock = Clock()
+    try:
+        data, _ = load_task_data_with_source(config.task, spec)
+        minutes = estimate_minutes(config, rows, data, spec, clock, entries)
+    except (OSError, ValueError) as error:  # a teacher or masked LM not readable offline (ModelError is one)
+        return None, f"{str(error).splitlines()[0]}"
+    timed = (f"timed {clock.measured} model shape{'s' if clock.measured != 1 else ''} here"
+             if clock.measured else "from the model shapes' timings on this machine")
+    if clock.busy and clock.measured:
+        timed += (", while other work kept the cores busy: high, and not kept (dry-run again on an idle machine "
+                  "for a true estimate)")
+    return minutes, f"{timed}; the work counted from the config and the data: steps, rows, masked-LM words"

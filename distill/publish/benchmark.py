@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import datasets
 import torch
 
 from distill.method.checkpoint import write_json_atomic
@@ -49,6 +50,7 @@ from distill.tasks.base import TaskSpec
 from distill.tasks.data import tokenize
 from distill.device import is_accelerator, run_device, synchronize, torch_threads
 from distill.tasks.evaluate import compute_metrics, predict
+from distill.tasks.split import REPORT, HalfScorer, half_key
 from distill.publish.export import (
     FILES,
     ONNX_FOLDER,
@@ -59,8 +61,9 @@ from distill.publish.export import (
     reusable_export,
 )
 from distill.publish.memory import memory_worker
-from distill.publish.report import count_parameters, latency_summary, size_mb
-from distill.tasks import check_model_head, load_head_model
+from distill.publish.report import chance_note, count_parameters, latency_summary, size_mb
+from teachers.finetune import chance
+from distill.tasks import check_model_head, load_head_model, saved_settings
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +238,16 @@ def resolve_model_folder(path: Path, stage: str) -> tuple[Path, str]:
         raise FileNotFoundError(f"{path} is not a checkpoint folder (no config.json) nor a pipeline output folder with "
                                 f"{stage}/")
     init = ""
-    if stage == "student" and run_config is not None and run_config.is_file():
-        settings = json.loads(run_config.read_text(encoding="utf-8")).get("student", {})
-        init = f"from {settings['model']}" if settings.get("model") else settings.get("init", "")
+    if stage == "student" and run_config is not None and run_config.is_file():  # as the run's card says it
+        from distill.config import load_config
+        from distill.publish.card import describe_init
+
+        try:
+            job = load_config(run_config)
+        except ValueError:  # a config of another version: its student section as written
+            settings = json.loads(run_config.read_text(encoding="utf-8")).get("student", {})
+            return path, f"from {settings['model']}" if settings.get("model") else settings.get("init", "")
+        init = describe_init(job.student, job.distill.layer_map, job.general.enabled)
     return path, init
 
 
@@ -278,7 +288,7 @@ def run_benchmark(
 
 def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: TaskSpec, dev,
                    config: BenchmarkConfig, output_dir: Path, max_seq_length: int, device: torch.device) -> dict:
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     models = {"teacher": (teacher, "fine-tuned"), **students}
     for name, (folder, _) in models.items():  # before any work: a model of another task is refused
@@ -293,10 +303,17 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
     labels = encoded["labels"]  # (N,), or per example (T_i,) for token classification: compute_metrics takes both
+    halves = HalfScorer(spec, datasets.DatasetDict({"dev": dev}), "dev", labels, tokenizer, max_seq_length)
+    # a model that ships with settings chosen on dev's tuning half (a decision threshold) is scored with them, every
+    # variant of it alike: what a user of the file gets
+    shipped = {name: saved_settings(AutoConfig.from_pretrained(folder), spec) for name, (folder, _) in models.items()}
     for row in rows:
-        row.results["dev"] = compute_metrics(spec, predict(row.model, encoded, tokenizer, task_type=spec.type,
-                                                           device=row.device), labels)
-        logger.info("%s: %s", row.name, row.results["dev"])
+        outputs = predict(row.model, encoded, tokenizer, task_type=spec.type, device=row.device)
+        fixed = shipped.get(row.model_name) or {}
+        row.results["dev"] = compute_metrics(spec, outputs, labels, settings=fixed)
+        row.results["dev"].update(halves.score(outputs, labels, lambda found, gold, context, settings: compute_metrics(
+            spec, found, gold, context, settings), fixed))
+        logger.info("%s: %s", row.name, _headline(spec, row.results["dev"]))
     reference = rows[0].model
     started = time.perf_counter()
     timing = time_rows(rows, config, spec, reference.config)
@@ -309,23 +326,36 @@ def _run_benchmark(teacher: Path, students: dict[str, tuple[Path, str]], spec: T
         if config.memory and not is_accelerator(row.device):
             inputs = _random_inputs(spec, reference.config, max(config.batch_sizes), max(config.seq_lengths), seed=0)
             row.results["memory"] = peak_memory(row, sources[row.model_name], inputs, config.num_threads)
-    report = _report(rows, spec, config, largest, device)
+    report = _report(rows, spec, config, largest, device, output_dir, chance(spec, dev["label"]))
     report["setup"]["timing_seconds"] = timing_seconds
     write_benchmark(report, output_dir)
     return report
 
 
-def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: str, device: torch.device) -> dict:
+def _headline(spec: TaskSpec, dev: dict) -> str:
+    """A model's dev scores in one line: the task's metrics on the report half and the whole dev set."""
+    shown = [key for name in spec.metrics for key in (half_key(REPORT, name), name) if key in dev]
+    return ", ".join(f"{key} {dev[key]:.4f}" for key in shown)
+
+
+def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: str, device: torch.device,
+            output_dir: Path, level: dict | None = None) -> dict:
     base = rows[0]
+    # a teacher, or a model, at or near chance (``level``, the task's constant guess): no share means anything there,
+    # as the pipeline's report says ("n/a")
+    reference_note = chance_note("teacher", base.results["dev"], level)
     metric = spec.metrics[0]
+    if half_key(REPORT, metric) in base.results["dev"]:  # the figure reported: the dev set's report half
+        metric = half_key(REPORT, metric)
     teacher_rows = {row.variant: row for row in rows if row.model_name == base.model_name}
     entries = []
     for row in rows:
         memory = row.results.get("memory") or {}
         speed_base = teacher_rows[row.variant] if is_accelerator(row.device) else base
+        note = reference_note or (chance_note(row.name, row.results["dev"], level) if row is not base else None)
         entries.append({
             "name": row.name, "model": row.model_name, "variant": row.variant, "init": row.init,
-            "path": str(row.artefact), **row.results["dev"],
+            "path": os.path.relpath(row.artefact, output_dir), **row.results["dev"],  # no path of this machine
             "num_parameters": row.parameters["num_parameters"],
             "num_parameters_without_embeddings": row.parameters["num_parameters_without_embeddings"],
             "size_mb": row.size_mb,
@@ -339,9 +369,12 @@ def _report(rows: list[Row], spec: TaskSpec, config: BenchmarkConfig, largest: s
                 "smaller_on_disk_by": base.size_mb / row.size_mb,
                 "faster_by": (speed_base.results["latency"][largest]["median_ms"]
                               / row.results["latency"][largest]["median_ms"]),
-                "metric_retained": row.results["dev"][metric] / base.results["dev"][metric]
-                if base.results["dev"][metric] else None,
+                "metric_retained": None if note or not base.results["dev"][metric]
+                else row.results["dev"][metric] / base.results["dev"][metric],
+                "metric_retained_dev": None if note or not base.results["dev"][spec.metrics[0]]
+                else row.results["dev"][spec.metrics[0]] / base.results["dev"][spec.metrics[0]],
             },
+            "retained_note": note and f"n/a — {note}",
         })
     repeats = sorted({v["repeats"] for row in rows for v in row.results["latency"].values()})
     setup = {"task": spec.name, "metric": metric, "batch_sizes": config.batch_sizes, "seq_lengths": config.seq_lengths,
@@ -395,7 +428,8 @@ def markdown(report: dict) -> str:
             f"{row['samples_per_s']:.0f}",
             "-" if memory is None else f"{memory:.0f}",
             f"{row['ratios']['smaller_on_disk_by' if row['variant'] != 'pytorch' else 'smaller_by']:.2f}x",
-            f"{row['ratios']['faster_by']:.2f}x", "-" if retained is None else f"{100 * retained:.1f}%",
+            f"{row['ratios']['faster_by']:.2f}x",
+            "n/a" if row.get("retained_note") else "-" if retained is None else f"{100 * retained:.1f}%",
         ]) + " |")
     budget = setup.get("time_budget_s")
     spent = f" in {setup['timing_seconds']:.0f} s" if setup.get("timing_seconds") is not None else ""
@@ -404,11 +438,16 @@ def markdown(report: dict) -> str:
             f"median) / median <= {setup['max_spread']:.0%}, the cap"
             + (f" or the time budget of {budget:g} s" if budget else "") + "). `spread`: the row's largest (p90 - "
             f"median) / median over the settings, marked (!) above {setup['max_spread']:.0%}: that row's latency is "
-            "noisy (a busy machine, or too few repeats). samples/s and 'faster by' at "
+            "noisy (a busy machine, or too few repeats). "
+            + (f"`{metric}`: on the dev set's report half (the half no setting was chosen on; the whole dev set's "
+               "and the tuning half's are in benchmark.json). " if metric.startswith(f"{REPORT}/") else "")
+            + "samples/s and 'faster by' at "
             f"{setup['throughput_at'].replace('_', ' ')}. 'smaller by': parameters for PyTorch rows, on-disk size for "
             "compressed rows. Peak memory: resident memory of a fresh process that loads the model and runs one "
             "inference at the largest batch and length.\n")
-    return "\n".join(lines) + "\n" + note
+    notes = "".join(f"\n{text}\n" for text in dict.fromkeys(
+        row["retained_note"] for row in rows if row.get("retained_note")))
+    return "\n".join(lines) + "\n" + note + notes
 
 
 def _spread_cell(row: dict, limit: float) -> str:

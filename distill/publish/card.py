@@ -15,6 +15,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from distill.config import PipelineConfig, StudentConfig, TrainConfig
 from distill.tasks import headline_metrics
+from distill.tasks.split import REPORT, half_key
 from distill.tasks.base import TaskSpec
 from distill.publish.report import chance_note
 from students import RELATIVE_PRESETS, student_shape
@@ -41,14 +42,44 @@ def hub_id(name: str | None) -> str | None:
     return None if Path(name).exists() else name
 
 
-def describe_init(student: StudentConfig, layer_map: str | list[int]) -> str:
-    """How a student starts, in words for reports."""
+def public_name(name: str | None) -> str | None:
+    """A model or file as a card or report may name it: a hub id, an asset name or a relative path as given; an
+    absolute path by its last part (its run folder too for a stage folder, ``run/teacher``), not this machine's
+    path."""
+    if name is None or not Path(name).expanduser().is_absolute():
+        return name
+    path = Path(name).expanduser()
+    return f"{path.parent.name}/{path.name}" if path.name in ("teacher", "student", "student_intermediate", "pruned",
+                                                              "general", "encoder") else path.name
+
+
+def public_command(command: str) -> str:
+    """A command line with each absolute path in it as :func:`public_name` gives it (``--data-dir /home/me/x`` ->
+    ``--data-dir x``), for a card that leaves this machine."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: left as written
+        return command
+
+    def public(word: str) -> str:
+        flag, equals, value = word.partition("=") if word.startswith("-") else ("", "", word)
+        return f"{flag}{equals}{public_name(value)}" if value.startswith(("/", "~")) else word
+
+    return shlex.join(public(word) for word in words)
+
+
+def describe_init(student: StudentConfig, layer_map: str | list[int], general: bool = False) -> str:
+    """How a student starts, in words for reports; ``general``: the job's general stage is on (``general.enabled``),
+    so a student not given (``student.model``) nor pruned from the teacher starts from the general-distilled one
+    ("general distillation start (random)": the shape's start before general distillation in brackets)."""
     if student.model is not None:
-        return f"from {student.model}"
-    if student.init == "teacher":
-        return f"teacher layers ({layer_map})"
-    return {"teacher_embeddings": "teacher embeddings (PCA)", "random": "random",
-            "pruned": "pruned from the fine-tuned teacher"}[student.init]
+        return f"from {public_name(student.model)}"
+    base = f"teacher layers ({layer_map})" if student.init == "teacher" else {
+        "teacher_embeddings": "teacher embeddings (PCA)", "random": "random",
+        "pruned": "pruned from the fine-tuned teacher"}[student.init]
+    return f"general distillation start ({base})" if general and student.init != "pruned" else base
 
 
 def _stage_words(stage: str | dict) -> str:
@@ -78,7 +109,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
             regression MSE does not).
     """
     teacher = config.teacher
-    made = (f"given: `{teacher.model}`" if teacher.model else f"`{teacher.base_model}` fine-tuned on the task "
+    made = (f"given: `{public_name(teacher.model)}`" if teacher.model else f"`{public_name(teacher.base_model)}` "
+            "fine-tuned on the task "
             f"({teacher_record.get('steps', '?')} steps, lr {teacher.train.learning_rate:g}"
             + _teacher_examples(teacher, teacher_record)
             + (", best dev checkpoint kept" if "selection" in teacher_record else "") + ")")
@@ -108,9 +140,10 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
              _augmentation(augment, num_rows, num_augmented)
              + (f", {num_unlabelled} of them sentences of {', '.join(_corpus_name(u) for u in augment.unlabelled)} "
                 f"with no label (the teacher's logits their targets{ranked})" if num_unlabelled else ""),
-             (f"general distillation start: `{general['teacher']}` on {', '.join(Path(c).name for c in general['corpus'])}"
+             (f"general distillation start: `{public_name(general['teacher'])}` on "
+              f"{', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
-             f"student: {_student_shape(config) if config.student.model is None else config.student.model}",
+             f"student: {_student_shape(config) if config.student.model is None else public_name(config.student.model)}",
              ("layer map: none, no layer is matched (logit-only distillation)" if skipped
               else f"layer map (student 0..M -> teacher): {step1.get('layer_map')}"),
              f"loss weights (the terms that ran): {weights}"
@@ -277,19 +310,24 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
                               pipeline_tag=spec.type.pipeline_tag, base_model=hub_id(teacher),
                               datasets=[hub_dataset_id(spec)] if on_hub else None, model_name=name,
                               eval_results=_eval_results(spec, student["dev"], data))
-    metric_names = headline_metrics(student["dev"])
+    whole = headline_metrics(student["dev"])
+    halves = [half_key(REPORT, m) for m in whole if all(half_key(REPORT, m) in row["dev"] for row in rows)]
+    metric_names = halves + whole
     sections = [
         f"# {name}",
         f"A student distilled with tinydistill (TinyBERT-style knowledge distillation, Jiao et al., 2020) from the "
-        f"teacher `{teacher}` on {spec.name}. It is a plain `transformers` checkpoint.",
+        f"teacher `{public_name(teacher)}` on {spec.name}. It is a plain `transformers` checkpoint.",
         "## Results (dev set)",
         _table(rows, metric_names, chance),
+        *([f"`{REPORT}/...`: on the dev set's report half, the half of dev (by a hash of each example's text) on "
+           "which no setting was chosen; the other metrics on the whole dev set. The retained share is on the report "
+           "half."] if halves else []),
         *([f"Data: {data['description']}."] if data else []),
         latency_note or "Latency on the CPU of the machine that made it, median of repeated runs (see report.md of "
                         "the run).",
         "## How it was made",
         "\n".join(f"- {line}" for line in recipe),
-        f"Command:\n\n```bash\n{command}\n```",
+        f"Command:\n\n```bash\n{public_command(command)}\n```",
     ]
     if export:
         sections.append(_export_section(export))

@@ -33,7 +33,7 @@ from distill.method.checkpoint import write_json_atomic
 from distill.tasks.data import TaskSpec, tokenize
 from distill.tasks.evaluate import compute_metrics, predict
 from distill.publish.runtime import OnnxClassifier, quantize_torch  # noqa: F401  (also imported from here)
-from distill.tasks import check_model_head, record_serving
+from distill.tasks import check_model_head, record_serving, saved_settings
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,22 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int, task_type) 
     if difference > 1e-3:
         raise RuntimeError(f"the ONNX export of {path.name} differs from the PyTorch model by {difference:.2e}")
     return difference
+
+
+def write_metadata(path: Path, entries: dict) -> None:
+    """Put ``entries`` (what the model is served with: a multi-label ``decision_threshold``, a QA reader's windows) in
+    the ONNX file's ``metadata_props``, each value as JSON (ONNX Runtime reads them as
+    ``session.get_modelmeta().custom_metadata_map``). Nothing to write leaves the file as it is."""
+    if not entries:
+        return
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = {prop.key: prop.value for prop in model.metadata_props if prop.key not in entries}
+    del model.metadata_props[:]
+    for key, value in {**kept, **{key: json.dumps(value) for key, value in entries.items()}}.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
 
 
 def _real_positions(inputs: dict, shape: tuple, per_token: bool) -> np.ndarray:
@@ -207,6 +223,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     serving = record_serving(model, spec, max_seq_length, keep=True)  # a QA reader's windows, kept if saved
     if model.config.to_json_string() != before:  # a student saved without them gets them beside its weights
         model.config.save_pretrained(folder)
+    tuned = saved_settings(model.config, spec)  # a multi-label decision threshold, chosen on dev's tuning half
     export_onnx(model, out / FILES["onnx"], max(128, max_seq_length), spec.type)
     names = [FILES["onnx"]]
     if int8:
@@ -214,6 +231,8 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
         names.append(FILES["onnx-int8"])
     else:  # an int8 file of earlier weights must not ship (or be uploaded) beside the new graph
         (out / FILES["onnx-int8"]).unlink(missing_ok=True)
+    for name in names:  # the graph carries what it is served with, for a reader of the .onnx file alone
+        write_metadata(out / name, {**serving, **tuned})
     model.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     encoded = tokenize(dev, tokenizer, spec, max_seq_length)
@@ -226,12 +245,13 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
         difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(logits, reference))
         files[name] = {"size_mb": (out / name).stat().st_size / 1e6,
                        "max_abs_logit_difference": difference,
-                       "same_prediction": float(same.mean()), "dev": compute_metrics(spec, logits, labels)}
+                       "same_prediction": float(same.mean()),
+                       "dev": compute_metrics(spec, logits, labels, settings=tuned)}  # at the saved threshold
         logger.info("export: %s, max |logit difference| %.2e, dev %s", name, files[name]["max_abs_logit_difference"],
                     files[name]["dev"])
     record = {"weights": weights_hash(folder), "checked_on": checked_on, "num_dev_examples": len(dev),
-              "pytorch": {"dev": compute_metrics(spec, reference, labels)}, "files": files,
-              "max_seq_length": max(128, max_seq_length), **serving}
+              "pytorch": {"dev": compute_metrics(spec, reference, labels, settings=tuned)}, "files": files,
+              "max_seq_length": max(128, max_seq_length), **serving, **tuned}
     write_json_atomic(out / EXPORT_FILE, record)
     return record
 

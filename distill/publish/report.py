@@ -21,6 +21,7 @@ import torch
 
 from distill.method.checkpoint import write_json_atomic
 from distill.tasks import headline_metrics
+from distill.tasks.split import REPORT, TUNING, half_key
 from distill.config import ReportConfig, to_dict
 from distill.device import synchronize, torch_threads
 from teachers.finetune import CHANCE_MARGIN
@@ -230,6 +231,8 @@ def build_report(entries: dict[str, dict], config: ReportConfig, reference: str 
             "faster_by_range": [theirs.get("p10", theirs["median"]) / ours.get("p90", ours["median"]),
                                 theirs.get("p90", theirs["median"]) / ours.get("p10", ours["median"])],
             "metric_retained": None if note else _retained(entry["dev"], base["dev"]),
+            "metric_retained_tuning": None if note else _retained(entry["dev"], base["dev"], TUNING),
+            "metric_retained_dev": None if note else _retained(entry["dev"], base["dev"], None),
         }
         entry["retained_note"] = note and f"n/a — {note}"
     for message in dict.fromkeys(e["retained_note"] for e in entries.values() if e["retained_note"]):
@@ -261,8 +264,12 @@ def _noisy(entries: dict[str, dict]) -> list[str]:
             if t.get("spread", 0.0) > MAX_SPREAD]
 
 
-def _retained(metrics: dict, reference: dict) -> float | None:
+def _retained(metrics: dict, reference: dict, half: str | None = REPORT) -> float | None:
+    """The model's primary metric over the reference's, on the dev set's ``half`` where both were scored on it (None:
+    the whole dev set); None where the reference's is 0."""
     name = next(iter(reference), None)
+    if name is not None and half is not None and half_key(half, name) in reference and half_key(half, name) in metrics:
+        name = half_key(half, name)
     if name is None or not reference[name]:
         return None
     return metrics[name] / reference[name]
@@ -271,7 +278,8 @@ def _retained(metrics: dict, reference: dict) -> float | None:
 def write_report(report: dict, output_dir: Path) -> None:
     """Write ``report.json`` (one entry per model: its dev metrics such as ``accuracy``, ``num_parameters``,
     ``size_mb``, ``latency_ms`` (median) and ``latency_p90_ms`` per batch size, ``latency`` (median, p10, p90,
-    spread), ``samples_per_s``, ratios to the teacher (``retained_note`` where a retained share means nothing), the
+    spread), ``samples_per_s``, ``path`` (the model's folder, relative to the report's), ratios to the teacher
+    (``retained_note`` where a retained share means nothing), the
     timing setup with ``stage_seconds`` (:func:`stage_seconds`) and the timing key, the run (task, data, config),
     chance, and for a teacher fine-tuned with model selection its ``selection``: dev scores while training, best step,
     last step's score) and ``report.md`` (the same as tables and notes)."""
@@ -304,23 +312,38 @@ def write_report(report: dict, output_dir: Path) -> None:
 def markdown_table(flat: dict, timing: dict, run: dict | None = None, sections: list[str] | None = None) -> str:
     """``report.md``: what was run (task, data, config), the table of models, the task type's sections (its measures
     beyond the table's columns), and notes on timing, noise, the teacher's selection and the stages' wall times."""
-    metric_names = headline_metrics(next(iter(flat.values())))
-    batches = list(next(iter(flat.values()))["latency_ms"])  # CPU "batch_B", then "<accelerator>_batch_B" if timed
+    first = next(iter(flat.values()))
+    whole = headline_metrics(first)
+    halved = bool(whole) and all(half_key(REPORT, whole[0]) in e for e in flat.values())  # every model scored so
+    # the report half first (what is reported), then the whole dev set and the tuning half (what settings saw)
+    metric_names = ([half_key(REPORT, m) for m in whole if half_key(REPORT, m) in first] if halved else []) + whole + (
+        [half_key(TUNING, m) for m in whole if half_key(TUNING, m) in first] if halved else [])
+    batches = list(first["latency_ms"])  # CPU "batch_B", then "<accelerator>_batch_B" if timed
     header = ["model", *metric_names, "params (M)", "size (MB)",
               *[f"latency {b.replace('_', ' ')} (ms, p10-p90)" for b in batches],
-              "samples/s", "smaller by", "faster by (range)", "metric retained"]
+              "samples/s", "smaller by", "faster by (range)",
+              "metric retained (report half; tuning half)" if halved else "metric retained"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, e in flat.items():
-        retained = e["ratios"]["metric_retained"]
+        retained, tuning = e["ratios"]["metric_retained"], e["ratios"].get("metric_retained_tuning")
         spread = e.get("latency", {})
         low, high = e["ratios"].get("faster_by_range", [None, None])
-        cells = [name, *[f"{e[m]:.4f}" for m in metric_names], f"{e['num_parameters'] / 1e6:.1f}", f"{e['size_mb']:.1f}",
+        share = "-" if retained is None else f"{100 * retained:.1f}%"
+        if halved and tuning is not None:
+            share += f" ({100 * tuning:.1f}%)"
+        cells = [name, *[f"{e[m]:.4f}" if m in e else "-" for m in metric_names], f"{e['num_parameters'] / 1e6:.1f}",
+                 f"{e['size_mb']:.1f}",
                  *[f"{e['latency_ms'][b]:.1f}" + (f" ({spread[b]['p10']:.1f}-{spread[b]['p90']:.1f})" if b in spread else "")
                    for b in batches], f"{e['samples_per_s']:.0f}",
                  f"{e['ratios']['smaller_by']:.2f}x",
                  f"{e['ratios']['faster_by']:.2f}x" + (f" ({low:.2f}-{high:.2f}x)" if low is not None else ""),
-                 e.get("retained_note") or ("-" if retained is None else f"{100 * retained:.1f}%")]
+                 e.get("retained_note") or share]
         lines.append("| " + " | ".join(cells) + " |")
+    if halved:
+        lines.append(f"\nDev metrics on the dev set's report half (`{REPORT}/...`), on the whole dev set, and on its "
+                     f"tuning half (`{TUNING}/...`), the half on which settings such as the teacher's kept checkpoint "
+                     "and a decision threshold are chosen; the halves split dev by a hash of each example's text "
+                     "(docs/design.md). The retained share is on the report half, the tuning half's in brackets.")
     note = (f"\nLatency: median and p10-p90 of {timing['num_repeats']} interleaved runs after warm-up, sequence length "
             f"{timing['seq_length']}, {timing['num_threads']} CPU threads, torch {timing['torch']}; samples/s, "
             f"'smaller by' and 'faster by' on the CPU at batch {max(timing['batch_sizes'])} ('faster by' range: the "
@@ -352,7 +375,9 @@ def _selection_note(selection: dict) -> str:
     scores = dict((step, value) for step, value in selection["evaluations"])
     best, last_step = selection["best_step"], selection["evaluations"][-1][0]
     listed = ", ".join(f"step {step}: {value:.4f}" for step, value in selection["evaluations"])
-    return (f"\nTeacher: dev {selection['metric']} scored while fine-tuning ({listed}); the best, step {best} "
+    metric = selection["metric"].replace("tuning/", "") + (" on the dev set's tuning half"
+                                                           if selection["metric"].startswith("tuning/") else "")
+    return (f"\nTeacher: dev {metric} scored while fine-tuning ({listed}); the best, step {best} "
             f"({scores[best]:.4f}), is kept. Plain fine-tuning for the same budget would ship the last step's model "
             f"(step {last_step}: {selection['last']:.4f}).\n")
 

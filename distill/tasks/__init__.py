@@ -36,12 +36,15 @@ from distill.tasks.base import (
     metric_names,
     pad_rows,
     record_serving,
+    record_tuned,
     register_task,
     register_task_type,
+    saved_settings,
+    tuned_from,
 )
 # Every other module of this package is a task type's, which registers itself and its named tasks when imported: a
 # new type is a new module here, with no line to add elsewhere. Imported by name.
-HELPERS = {"base", "data", "evaluate", "files", "words", "qa_postprocess"}
+HELPERS = {"base", "data", "evaluate", "files", "words", "qa_postprocess", "split", "infer"}
 
 
 def _import_types() -> None:
@@ -57,4 +60,4 @@ _import_types()
 
 __all__ = ["DEFAULT_TYPE", "TASK_TYPES", "TASKS", "DataError", "ModelError", "PredictionHead", "TaskSpec", "TaskType",
            "check_model_head", "get_task", "get_task_type", "head_type", "headline_metrics", "summary_metrics", "load_head_model", "metric_names", "pad_rows",
-           "record_serving", "register_task", "register_task_type"]
+           "record_serving", "record_tuned", "register_task", "register_task_type", "saved_settings", "tuned_from"]

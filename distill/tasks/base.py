@@ -10,6 +10,8 @@ This module imports nothing of the project. Each task type is one module of :mod
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -79,6 +81,17 @@ class TaskSpec:
 
 
 
+# A teacher of at least this many layers (BERT-base, RoBERTa-base, MPNet-base and larger) gets its task type's
+# 12-layer recipe (:meth:`TaskType.recipe`): a pruned 4-layer/312 student, about 15x faster, rather than the
+# MiniLM recipes' student at half the teacher's depth.
+DEEP_TEACHER_LAYERS = 12
+
+
+def deep(teacher_layers: int | None) -> bool:
+    """Whether a teacher of this depth (None: not known) takes the 12-layer recipes."""
+    return teacher_layers is not None and teacher_layers >= DEEP_TEACHER_LAYERS
+
+
 class TaskType:
     """The interface of a task type (every method takes the task's :class:`TaskSpec` where it needs it). Shapes: N
     examples, B batch, T tokens, C labels. A type is one module of :mod:`distill.tasks` that subclasses this, registers
@@ -124,6 +137,44 @@ class TaskType:
         any the type measures beyond them (keys outside :func:`metric_names`, shown in its report sections); with
         ``context`` (:meth:`metric_context`), those that need more than the outputs and labels."""
         raise NotImplementedError
+
+    def compute_metrics_with(self, spec: TaskSpec, outputs: Any, labels: Any, context: Any,
+                             settings: dict) -> dict[str, float]:
+        """:meth:`compute_metrics` with ``settings`` chosen elsewhere (:meth:`tuned_settings` on the dev set's tuning
+        half, applied to its report half: :mod:`distill.tasks.split`). This default: the type chooses nothing, so
+        ``settings`` is ignored."""
+        return self.compute_metrics(spec, outputs, labels, context) if context is not None else \
+            self.compute_metrics(spec, outputs, labels)
+
+    def tuned_settings(self, spec: TaskSpec, metrics: dict) -> dict:
+        """The scoring settings :meth:`compute_metrics` chose on a set (its metrics ``metrics``) that a score on
+        other data must reuse rather than choose again, under the names a model's ``config.json`` keeps them by (a
+        multi-label classifier's ``decision_threshold``): chosen on the dev set's tuning half, they score its report
+        half and ship with the model (:func:`record_tuned`). This default: none."""
+        return {}
+
+    def sniff_file(self, path: Path) -> dict | None:
+        """Whether a user's training file is in this type's own layout (not a table: CoNLL lines, SQuAD JSON), and
+        then the ``task.*`` settings it implies ({} for none beyond the type); None: not this type's layout. Asked by
+        :func:`distill.tasks.infer.infer_task` of every type; this default: None."""
+        return None
+
+    def sniff_labels(self, values: list) -> dict | None:
+        """Whether a table's label column (its values, as read) holds this type's labels, and then the ``task.*``
+        settings they imply (``{"task.regression": True}``); None: not this type's. Two types that claim one column
+        are an error asking for ``task.task_type``, so a type claims only what it alone reads. This default: None."""
+        return None
+
+    def example_key(self, spec: TaskSpec, row: dict) -> str:
+        """What identifies an example for the dev split's halves (:mod:`distill.tasks.split`): a string of its
+        inputs. This default: the text columns' values (a word list joined by spaces), separated by tabs."""
+        return "\t".join(" ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+                         for value in (row[column] for column in spec.text_columns))
+
+    def row_examples(self, labels: Any) -> list[int]:
+        """For each row of a tokenized split (its ``labels``), the index of the example it came from. This default:
+        one row an example, in order; a type that cuts an example into several rows (QA's windows) says which."""
+        return list(range(len(labels)))
 
     def prediction_loss(self, spec: TaskSpec, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                         batch: dict, *, temperature: float, temperature_squared: bool, hard_label_weight: float
@@ -235,9 +286,11 @@ class TaskType:
         positions that are scored (``labels``, per example, where the task has several)."""
         raise NotImplementedError
 
-    def recipe(self, spec: TaskSpec) -> tuple[str, str] | None:
+    def recipe(self, spec: TaskSpec, teacher_layers: int | None = None) -> tuple[str, str] | None:
         """The shipped config (a file of ``configs/``) that ``pipeline --task NAME`` runs for this task when the
-        default job's is not made for it, and what it is for in words; None: the default job's."""
+        default job's is not made for it, and what it is for in words; None: the default job's. ``teacher_layers``:
+        the depth of the teacher the user names (``--teacher``), None when not known; from
+        :data:`DEEP_TEACHER_LAYERS` layers on, the type's recipe for a 12-layer teacher."""
         return None
 
     def card_task(self, spec: TaskSpec) -> str:
@@ -370,11 +423,14 @@ def markdown_table(first: str, models: list[str], rows: list[tuple[str, list[str
 
 
 def summary_metrics(metrics: dict) -> list[str]:
-    """The columns of the seeds summary: :func:`headline_metrics`, then the keys of these dev metrics that a
-    registered type names in :attr:`TaskType.summary_metrics` (NER's F1 on entities unseen in training), in the
-    type's order."""
+    """The columns of the seeds summary: each of :func:`headline_metrics` and of the keys of these dev metrics that a
+    registered type names in :attr:`TaskType.summary_metrics` (NER's F1 on entities unseen in training), on the dev
+    set's report half (``report/<metric>``, where scored: :mod:`distill.tasks.split`), then the same on the whole dev
+    set, then on its tuning half."""
     extras = dict.fromkeys(name for kind in TASK_TYPES.values() for name in kind.summary_metrics)
-    return headline_metrics(metrics) + [name for name in extras if name in metrics]
+    whole = headline_metrics(metrics) + [name for name in extras if name in metrics]
+    return ([f"report/{name}" for name in whole if f"report/{name}" in metrics] + whole
+            + [f"tuning/{name}" for name in whole if f"tuning/{name}" in metrics])
 
 
 def head_type(architectures: list[str], default: str | None = DEFAULT_TYPE) -> TaskType | None:
@@ -414,6 +470,29 @@ def record_serving(model, spec: TaskSpec, max_seq_length: int, keep: bool = Fals
         if not (keep and getattr(model.config, name, None) is not None):
             setattr(model.config, name, value)
     return {name: getattr(model.config, name) for name in entries}
+
+
+def tuned_from(spec: TaskSpec, metrics: dict) -> dict:
+    """The settings a model's type chose on the dev set's tuning half (:meth:`TaskType.tuned_settings` of its
+    ``tuning/<metric>`` scores), {} where it chose none or the metrics have no tuning half."""
+    tuning = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith("tuning/")}
+    return spec.type.tuned_settings(spec, tuning) if tuning else {}
+
+
+def record_tuned(model, spec: TaskSpec, metrics: dict) -> dict:
+    """Set the settings chosen on the dev set's tuning half (:func:`tuned_from`: a multi-label ``decision_threshold``)
+    on ``model.config`` before it is saved, so the model ships with the settings it was scored with; returns them."""
+    settings = tuned_from(spec, metrics)
+    for name, value in settings.items():
+        setattr(model.config, name, value)
+    return settings
+
+
+def saved_settings(config, spec: TaskSpec) -> dict:
+    """The tuned settings a saved model's config carries (:func:`record_tuned`), {} for none: what it is scored and
+    served with."""
+    probe = spec.type.tuned_settings(spec, {name: 0.0 for name in spec.metrics})  # which names the type keeps
+    return {name: getattr(config, name) for name in probe if getattr(config, name, None) is not None}
 
 
 def check_model_head(folder, spec: TaskSpec, role: str) -> None:

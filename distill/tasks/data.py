@@ -9,6 +9,7 @@ column(s) and ``label`` (what the type makes of it: a class id, a score, a tag l
 from __future__ import annotations
 
 import logging
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,11 +68,25 @@ class DataSource:
         used, available = self.num_examples[split], self.num_available[split]
         return f"{used} {split}" if used == available else f"first {used} of {available} {split}"
 
-    def describe(self) -> str:
-        """One line, e.g. "bundled sample (.../assets/sst2): 10000 train, first 32 of 872 dev examples"."""
+    @property
+    def public_location(self) -> str:
+        """The location without this machine's paths, for what a run ships (card, report): a hub dataset's name, a
+        folder's or file's own name ("MRPC", "train.csv, dev.csv")."""
+        if self.kind == "hub":
+            return self.location
+        return ", ".join(Path(part.strip()).name or part.strip() for part in self.location.split(","))
+
+    def public(self) -> dict:
+        """The record as a dict with :attr:`public_location` for ``location`` and :meth:`describe` as "description"."""
+        return {**dataclasses.asdict(self), "location": self.public_location, "description": self.describe()}
+
+    def describe(self, public: bool = True) -> str:
+        """One line, e.g. "bundled sample (sst2): 10000 train, first 32 of 872 dev examples"; ``public`` False: with
+        the full location (a folder's path on this machine), for logs."""
         where = {"bundled": "bundled sample", "local": "local data folder", "hub": "the hub",
                  "files": "your files"}[self.kind]
-        return f"{where} ({self.location}): {', '.join(map(self.split_size, self.num_examples))} examples"
+        location = self.public_location if public else self.location
+        return f"{where} ({location}): {', '.join(map(self.split_size, self.num_examples))} examples"
 
 
 def load_task_data(config, spec: TaskSpec | None = None) -> datasets.DatasetDict:
@@ -125,7 +140,7 @@ def load_task_data_with_source(config, spec: TaskSpec | None = None
         for split in spec.dev_splits:
             data[split] = data[split].select(range(min(config.max_eval_examples, len(data[split]))))
     found = DataSource(source, location, {split: len(rows) for split, rows in data.items()}, available)
-    logger.info("task %s: %s", spec.name, found.describe())
+    logger.info("task %s: %s", spec.name, found.describe(public=False))
     return data, found
 
 

@@ -14,9 +14,11 @@ from tqdm.auto import tqdm
 from distill.device import model_device, same_device
 from distill.tasks.base import TaskSpec, TaskType
 from distill.tasks.data import collator, tokenize
+from distill.tasks.split import HalfScorer
 
 
-def compute_metrics(spec: TaskSpec, outputs, labels, context=None) -> dict[str, float]:
+def compute_metrics(spec: TaskSpec, outputs, labels, context=None, settings: dict | None = None
+                    ) -> dict[str, float]:
     """The task's metrics (``spec.metrics``) from model outputs, as its task type computes them
     (:meth:`TaskType.compute_metrics`).
 
@@ -25,10 +27,19 @@ def compute_metrics(spec: TaskSpec, outputs, labels, context=None) -> dict[str, 
             type with outputs per token.
         labels: the tokenized dataset's ``labels``.
         context: what the type needs beyond them (:meth:`TaskType.metric_context`), or None.
+        settings: scoring settings chosen on other data (:meth:`TaskType.tuned_settings`), or None: the type chooses
+            its own (a multi-label threshold, the best on these outputs).
     """
+    if settings:
+        return spec.type.compute_metrics_with(spec, outputs, labels, context, settings)
     if context is None:  # a type written before the hook takes three arguments
         return spec.type.compute_metrics(spec, outputs, labels)
     return spec.type.compute_metrics(spec, outputs, labels, context)
+
+
+def dev_scorer(spec: TaskSpec, data, split: str, encoded, tokenizer, max_seq_length: int) -> HalfScorer:
+    """The :class:`distill.tasks.split.HalfScorer` of a tokenized dev split (``encoded``, of ``data[split]``)."""
+    return HalfScorer(spec, data, split, encoded["labels"], tokenizer, max_seq_length)
 
 
 @torch.no_grad()
@@ -83,23 +94,33 @@ def predict(model, dataset, tokenizer, *, task_type: TaskType, device: torch.dev
 
 
 def evaluate(model, dataset, tokenizer, spec: TaskSpec, *, device: torch.device | str, batch_size: int = 64,
-             context=None) -> dict:
+             context=None, halves: HalfScorer | None = None) -> dict:
     """Dev metrics of ``model`` on a tokenized dataset with ``labels`` (see :func:`compute_metrics`, :func:`predict`);
-    ``context``: what the type needs beyond them (:meth:`TaskType.metric_context`)."""
+    ``context``: what the type needs beyond them (:meth:`TaskType.metric_context`); ``halves``: the split's
+    :class:`~distill.tasks.split.HalfScorer` (:func:`dev_scorer`), which adds each half's metrics
+    (``tuning/<metric>``, ``report/<metric>``) from the same outputs."""
     logits = predict(model, dataset, tokenizer, task_type=spec.type, device=device, batch_size=batch_size)
-    return compute_metrics(spec, logits, dataset["labels"], context)
+    labels = dataset["labels"]
+    metrics = compute_metrics(spec, logits, labels, context)
+    if halves is not None:
+        metrics.update(halves.score(logits, labels, lambda outputs, rows, found, settings: compute_metrics(
+            spec, outputs, rows, found, settings)))
+    return metrics
 
 
 def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, *, device: torch.device | str,
                   batch_size: int = 64) -> dict[str, float]:
     """Metrics on every dev set of the task (untokenized ``data`` splits, see :attr:`TaskSpec.dev_splits`): the main
-    dev set's under the metric names, the others with their suffix (MNLI: ``accuracy``, ``accuracy_mismatched``), each
-    with the context its type reads from ``data`` (:meth:`TaskType.metric_context`: e.g. the training set's entity
-    names). ``model`` must be on ``device`` (see :func:`predict`)."""
+    dev set's under the metric names, and on its tuning and report halves (:mod:`distill.tasks.split`) under
+    ``tuning/<metric>`` and ``report/<metric>``; the others with their suffix (MNLI: ``accuracy``,
+    ``accuracy_mismatched``), each with the context its type reads from ``data`` (:meth:`TaskType.metric_context`:
+    e.g. the training set's entity names). ``model`` must be on ``device`` (see :func:`predict`)."""
     metrics = {}
     for split, suffix in spec.dev_splits.items():
         encoded = tokenize(data[split], tokenizer, spec, max_seq_length)
         context = spec.type.metric_context(spec, data, split, tokenizer, max_seq_length)
+        halves = dev_scorer(spec, data, split, encoded, tokenizer, max_seq_length) if not suffix else None
         metrics.update({name + suffix: value for name, value in evaluate(
-            model, encoded, tokenizer, spec, device=device, batch_size=batch_size, context=context).items()})
+            model, encoded, tokenizer, spec, device=device, batch_size=batch_size, context=context,
+            halves=halves).items()})
     return metrics

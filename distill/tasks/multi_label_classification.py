@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DataCollatorWithPadding
 
-from distill.tasks.base import DataError, TaskSpec, TaskType, markdown_table, register_task, register_task_type
+from distill.tasks.base import (DataError, TaskSpec, TaskType, deep, markdown_table, register_task,
+                                 register_task_type)
 from distill.tasks.files import DEV_SPLITS, read_table, require_columns
 from distill.tasks.sequence_classification import tokenize_texts
 
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 MULTI_LABEL_METRICS = ("micro_f1", "macro_f1", "threshold")  # micro F1 first: the primary metric
 THRESHOLDS = tuple(round(0.05 * k, 2) for k in range(1, 20))  # 0.05, 0.10, ..., 0.95: where a label is predicted
+# The config.json entry of a multi-label model's decision threshold, chosen on the dev set's tuning half: a label is
+# predicted where its sigmoid is at least this (the card's usage code and ONNX export read it).
+THRESHOLD_KEY = "decision_threshold"
 LABEL_FILE = "labels.txt"  # the label names of a GoEmotions-layout folder, one a line, in id order
 CANDIDATE_SETS = 20  # the most frequent dev label sets tried as a constant guess
 
@@ -225,24 +229,30 @@ def f1_scores(predicted: np.ndarray, gold: np.ndarray) -> tuple[float, float, np
             float(f1_score(gold, predicted, average="macro", zero_division=0)), per_label)
 
 
-def multi_label_metrics(outputs: np.ndarray, labels, label_names: tuple[str, ...]) -> dict[str, float]:
-    """Micro and macro F1 at the threshold of :data:`THRESHOLDS` that gives these outputs the highest micro F1, the
-    threshold, and each label's F1 there (``f1/<label>``).
+def multi_label_metrics(outputs: np.ndarray, labels, label_names: tuple[str, ...], threshold: float | None = None
+                        ) -> dict[str, float]:
+    """Micro and macro F1 at a decision threshold on the sigmoid, the threshold, each label's F1 there
+    (``f1/<label>``), and micro and macro F1 at the fixed 0.5 (``at_0.5/micro_f1``, ``at_0.5/macro_f1``: what a user
+    who keeps labels with ``score > 0.5`` gets).
 
     Args:
         outputs: (N, C) logits. labels: (N, C) multi-hot gold labels.
         label_names: C names.
+        threshold: the threshold to score at (one chosen on other data: the dev set's tuning half); None: the one of
+            :data:`THRESHOLDS` that gives these outputs the highest micro F1.
     """
     probabilities = 1 / (1 + np.exp(-np.asarray(outputs, dtype=np.float64)))
     gold = np.asarray(labels, dtype=np.float32)
     best = None
-    for threshold in THRESHOLDS:
-        scores = f1_scores(probabilities >= threshold, gold)
+    for candidate in THRESHOLDS if threshold is None else (threshold,):
+        scores = f1_scores(probabilities >= candidate, gold)
         if best is None or scores[0] > best[1][0]:
-            best = (threshold, scores)
+            best = (candidate, scores)
     threshold, (micro, macro, per_label) = best
+    half_micro, half_macro, _ = f1_scores(probabilities > 0.5, gold)
     return {"micro_f1": micro, "macro_f1": macro, "threshold": threshold,
-            **{f"f1/{name}": float(value) for name, value in zip(label_names, per_label)}}
+            **{f"f1/{name}": float(value) for name, value in zip(label_names, per_label)},
+            "at_0.5/micro_f1": half_micro, "at_0.5/macro_f1": half_macro}
 
 
 def constant_guess(spec: TaskSpec, dev_labels=None) -> dict:
@@ -302,6 +312,11 @@ class MultiLabelClassification(TaskType):
     def read_user_split(self, path, spec, split="train"):
         return read_labelled_table(path, spec, "train" if split == "train" else DEV_SPLITS)
 
+    def sniff_labels(self, values):
+        """Several labels a row: a JSON list, or names joined by the default separator "," (``a,b``)."""
+        sets = any(isinstance(v, (list, tuple)) or (isinstance(v, str) and "," in v) for v in values)
+        return {} if sets else None
+
     def init_head(self, spec, model, train_data):
         """Each label's output bias starts at the log-odds of its frequency in ``train_data``, log(p / (1 - p)), so
         the new head predicts the label priors before its first step (Lin et al., 2017, "Focal Loss for Dense Object
@@ -325,8 +340,21 @@ class MultiLabelClassification(TaskType):
         return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
     def compute_metrics(self, spec, outputs, labels, context=None):
-        metrics = multi_label_metrics(np.asarray(outputs), np.asarray(labels), spec.label_names)
-        return {name: value for name, value in metrics.items() if name in spec.metrics or name.startswith("f1/")}
+        return self.compute_metrics_with(spec, outputs, labels, context, {})
+
+    def compute_metrics_with(self, spec, outputs, labels, context, settings):
+        metrics = multi_label_metrics(np.asarray(outputs), np.asarray(labels), spec.label_names,
+                                      settings.get(THRESHOLD_KEY))
+        return {name: value for name, value in metrics.items()
+                if name in spec.metrics or name.startswith(("f1/", "at_0.5/"))}
+
+    def recipe(self, spec, teacher_layers=None):
+        if deep(teacher_layers):
+            return "sst2_12layer.yaml", "the recipe for single-text tasks from a 12-layer teacher"
+        return None
+
+    def tuned_settings(self, spec, metrics):
+        return {THRESHOLD_KEY: metrics["threshold"]} if "threshold" in metrics else {}
 
     def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
                         hard_label_weight):
@@ -351,9 +379,12 @@ class MultiLabelClassification(TaskType):
         return f"any number of {', '.join(spec.label_names)}"
 
     def usage(self, model, spec=None):
-        return (f'from transformers import pipeline\n\nclassify = pipeline("text-classification", model="{model}", '
-                'top_k=None)  # every label with its sigmoid score\nprint([label for label in classify("Thank you so '
-                'much, this made my day!")[0] if label["score"] > 0.5])')
+        return (f'from transformers import AutoConfig, pipeline\n\n'
+                f'# the decision threshold chosen on the dev set\'s tuning half, saved with the model (0.5 if none)\n'
+                f'threshold = getattr(AutoConfig.from_pretrained("{model}"), "{THRESHOLD_KEY}", 0.5)\n'
+                f'classify = pipeline("text-classification", model="{model}", top_k=None)  # every label, its sigmoid\n'
+                'print([label for label in classify("Thank you so much, this made my day!")[0] '
+                'if label["score"] >= threshold])')
 
     def unlabelled_rows(self, spec, texts):
         if len(spec.text_columns) != 1:
@@ -366,8 +397,11 @@ class MultiLabelClassification(TaskType):
             return []
         models = list(metrics)
         thresholds = ", ".join(f"{model} {metrics[model].get('threshold', float('nan')):.2f}" for model in models)
+        zero = [name for name in rows if all(metrics[m][f"f1/{name}"] == 0 for m in models)]
         lines = [f"Per-label F1 on dev, each model at its own threshold, chosen on dev for the best micro F1 "
-                 f"({thresholds}):", ""]
+                 f"({thresholds})"
+                 + (f"; {len(zero)} of the {len(rows)} labels score F1 0 for every model ({', '.join(zero)}): the "
+                    "macro F1 averages them in" if zero else "") + ":", ""]
         lines += markdown_table("label", models, [(name, [f"{metrics[m][f'f1/{name}']:.3f}" for m in models])
                                                   for name in rows])
         return ["\n".join(lines)]

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+from distill.tasks.base import DataError, TaskSpec, TaskType, deep, pad_rows, register_task, register_task_type
 from distill.tasks.qa_postprocess import MAX_ANSWER_LENGTH, NO_SPAN, answers, best_span  # noqa: F401
 
 logger = logging.getLogger(__name__)
@@ -367,6 +367,18 @@ class QuestionAnswering(TaskType):
     def user_spec(self, config):
         return squad_spec(config)
 
+    def sniff_file(self, path):
+        """A JSON file whose top level holds a ``data`` list of articles with ``paragraphs`` (SQuAD's layout)."""
+        if path.suffix != ".json":
+            return None
+        try:
+            top = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        data = top.get("data") if isinstance(top, dict) else None
+        return {} if isinstance(data, list) and data and isinstance(data[0], dict) and "paragraphs" in data[0] \
+            else None
+
     def read_user_split(self, path, spec, split="train"):
         return self.read_split(path, spec)  # one file a split
 
@@ -375,6 +387,9 @@ class QuestionAnswering(TaskType):
 
     def collator(self, tokenizer):
         return QuestionAnsweringCollator(tokenizer)
+
+    def row_examples(self, labels):
+        return [label["example"] for label in labels]  # a question's windows are rows of one example
 
     def compute_metrics(self, spec, outputs, labels, context=None):
         metrics = squad_metrics(outputs, labels)
@@ -400,7 +415,9 @@ class QuestionAnswering(TaskType):
         allowed = batch["context_mask"].bool()  # (B, T): [CLS] and the context, where the loss reads both outputs
         return (student_logits[allowed].float() != teacher_logits[allowed].float()).any()
 
-    def recipe(self, spec):
+    def recipe(self, spec, teacher_layers=None):
+        if deep(teacher_layers):
+            return "squad_12layer.yaml", "the recipe for extractive question answering from a 12-layer teacher"
         return "squad_minilm.yaml", "the recipe for extractive question answering"
 
     def serving_config(self, spec, max_seq_length):
@@ -413,7 +430,8 @@ class QuestionAnswering(TaskType):
 
     def usage(self, model, spec=None):
         # transformers 5 has no question-answering pipeline (transformers 4's reads the checkpoint as it is).
-        return (f'from distill import QuestionAnswerer\n\nanswer = QuestionAnswerer("{model}")  # or "{model}/onnx/'
+        return ('# pip install tinydistill  (the package that made this reader: it reads answers as they were scored)\n'
+                f'from distill import QuestionAnswerer\n\nanswer = QuestionAnswerer("{model}")  # or "{model}/onnx/'
                 'model.onnx"\nprint(answer(question="Where is the Empire State Building?", context="The Empire State '
                 'Building is a skyscraper in Midtown Manhattan, New York City."))')
 

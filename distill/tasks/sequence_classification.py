@@ -19,7 +19,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from distill.method.losses import prediction_loss, score_loss
-from distill.tasks.base import DataError, TaskSpec, TaskType, register_task, register_task_type
+from distill.tasks.base import DataError, TaskSpec, TaskType, deep, register_task, register_task_type
 from distill.tasks.files import DEV_SPLITS, _diagnose, read_table, require_columns
 
 logger = logging.getLogger(__name__)
@@ -374,6 +374,15 @@ class SequenceClassification(TaskType):
     def user_spec(self, config):
         return sequence_user_spec(config)
 
+    def sniff_labels(self, values):
+        """One class or score a row: no list and no comma-separated set (multi-label's); numbers with a fraction
+        are scores (regression), anything else classes."""
+        if any(isinstance(v, (list, tuple)) or (isinstance(v, str) and "," in v) for v in values):
+            return None
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        fractional = len(numbers) == len(values) and any(float(v) != int(v) for v in numbers)
+        return {"task.regression": True} if fractional else {}
+
     def read_user_split(self, path, spec, split="train"):
         return read_user_table(path, spec, "train" if split == "train" else DEV_SPLITS)
 
@@ -409,8 +418,12 @@ class SequenceClassification(TaskType):
     def describe_labels(self, spec):
         return "a score (regression)" if spec.is_regression else super().describe_labels(spec)
 
-    def recipe(self, spec):
-        if len(spec.text_columns) == 2 or spec.is_regression:
+    def recipe(self, spec, teacher_layers=None):
+        pair = len(spec.text_columns) == 2 or spec.is_regression
+        if deep(teacher_layers):
+            return (("pair_12layer.yaml", "the recipe for pair and regression tasks from a 12-layer teacher") if pair
+                    else ("sst2_12layer.yaml", "the recipe for single-text tasks from a 12-layer teacher"))
+        if pair:
             return "pair_minilm.yaml", "the recipe for pair and regression tasks"
         return None
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from distill.tasks.base import (DataError, TaskSpec, TaskType, markdown_table, pad_rows, register_task,
+from distill.tasks.base import (DataError, TaskSpec, TaskType, deep, markdown_table, pad_rows, register_task,
                                 register_task_type)
 from distill.tasks.files import read_table, require_columns
 from distill.tasks.words import only_tags, split_words
@@ -666,6 +666,21 @@ class TokenClassification(TaskType):
     architecture = "ForTokenClassification"
     description = "token classifier"
 
+    def sniff_file(self, path):
+        """A CoNLL file (``.conll``, ``.txt``, ``.bio`` or no suffix): lines of a word and a BIO tag (the tag last),
+        sentences apart by blank lines; its first 200 lines are read."""
+        if path.suffix not in (".conll", ".txt", ".bio", ".iob", ""):
+            return None
+        try:
+            with path.open(encoding="utf-8") as lines:
+                head = [line.split() for _, line in zip(range(200), lines)]
+        except (OSError, UnicodeDecodeError):
+            return None
+        tagged = [fields for fields in head if fields and not fields[0].startswith("-DOCSTART-")]
+        if not tagged or any(len(fields) < 2 for fields in tagged):
+            return None
+        return {} if all(f[-1] == "O" or f[-1][:2] in ("B-", "I-") for f in tagged) else None
+
     def model_class(self, spec):
         from transformers import AutoModelForTokenClassification
 
@@ -735,7 +750,9 @@ class TokenClassification(TaskType):
         scored = labels != IGNORE  # the padded teacher logits are zeros, never read
         return (student_logits[scored].float() != teacher_logits[scored].float()).any()
 
-    def recipe(self, spec):
+    def recipe(self, spec, teacher_layers=None):
+        if deep(teacher_layers):
+            return "ner_12layer.yaml", "the recipe for token classification from a 12-layer teacher"
         return "ner_minilm.yaml", "the recipe for token classification"
 
     def chance(self, spec, dev_labels=None):
