@@ -345,21 +345,22 @@ def _task_recipe(name: str | None, teacher_layers: int | None = None) -> tuple[s
 TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
 
 
-def _named_teacher(args: argparse.Namespace) -> tuple[int | None, bool]:
-    """The depth of the teacher ``--teacher`` names, and whether it is a bare encoder (no task head: an encoder to
-    fine-tune, ``teacher.base_model``, rather than a fine-tuned teacher, ``teacher.model``); (None, False) when there is
-    none or its config cannot be read here (a hub model offline)."""
+def _named_teacher(args: argparse.Namespace) -> tuple[int | None, str]:
+    """The depth of the teacher ``--teacher`` names, and when it is a bare encoder (no task head: an encoder to
+    fine-tune, ``teacher.base_model``, rather than a fine-tuned teacher, ``teacher.model``) its architectures in words,
+    else ""; (None, "") when there is none or its config cannot be read here (a hub model offline)."""
     name = getattr(args, "teacher", None)
     if not name or not (args.command in ("pipeline", "seeds") or getattr(args, "stage", None) == "task"):
-        return None, False
+        return None, ""
     try:
         from teachers.models import load_config
 
         config = load_config(name)
     except Exception:  # not readable here: a hub name offline, a typo (the run itself says which)
-        return None, False
-    bare = not any(a.endswith(TASK_HEADS) for a in getattr(config, "architectures", None) or [])
-    return getattr(config, "num_hidden_layers", None), bare
+        return None, ""
+    architectures = getattr(config, "architectures", None) or []
+    bare = not any(a.endswith(TASK_HEADS) for a in architectures)
+    return getattr(config, "num_hidden_layers", None), (", ".join(architectures) or "an encoder") if bare else ""
 
 
 def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
@@ -414,6 +415,8 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         overrides.update({"teacher.model": args.teacher, "student.model": args.student})
         if bare_encoder:  # a pre-trained encoder (--teacher mpnet, bert-base-uncased): fine-tuned here on the task
             overrides.update({"teacher.model": None, "teacher.base_model": args.teacher})
+            print(f"teacher {args.teacher} has no task head ({bare_encoder}): fine-tuned on the task first "
+                  "(teacher.base_model)", file=sys.stderr)
     if args.command == "pipeline":
         overrides["export.push_to_hub"] = args.push_to_hub
     if args.command == "distill" and args.stage == "general":
@@ -494,7 +497,9 @@ def _run(args: argparse.Namespace, config_file: str | None, overrides: dict) -> 
     try:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         overrides.update(set_overrides(args.set))  # explicit: null is a value here
-        config = load_config(config_file, overrides, ignore_none=False)
+        from distill.job.preflight import prepare
+
+        config = prepare(load_config(config_file, overrides, ignore_none=False))  # names checked, "auto" resolved
         if (args.command == "seeds" or getattr(args, "seeds", None)) and args.output_dir is None:
             # beside the plain job's folder, not inside it
             config = dataclasses.replace(config, output_dir=f"{config.output_dir}_seeds")

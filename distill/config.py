@@ -98,15 +98,6 @@ class TrainConfig:
         )
 
 
-def _task_registry():
-    """The registries of task types and their metrics (:mod:`distill.tasks`), read when a task section is checked
-    (imported then: the task layer imports torch)."""
-    from distill.tasks import TASK_TYPES, metric_names
-
-    return tuple(TASK_TYPES), metric_names()
-
-
-
 @dataclass
 class TaskConfig:
     """Which task and where its data comes from."""
@@ -137,11 +128,8 @@ class TaskConfig:
     options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        types, metrics = _task_registry()
-        _check(self.task_type in (None, *types), "task_type",
-               f"must be {', '.join(types[:-1])} or {types[-1]}, got {self.task_type!r}")
-        unknown = [m for m in self.metrics or [] if m not in metrics]
-        _check(not unknown, "metrics", f"unknown metric(s) {unknown}; use {', '.join(metrics)}")
+        # task_type and metrics name registered task types and metrics: checked by the job's preflight
+        # (distill.job.preflight.check_names), which reads the registries; this module imports nothing above it.
         _check(len(self.text_columns) <= 2, "text_columns", f"one or two columns, got {self.text_columns}")
         _check(not (self.regression and self.label_names), "label_names", "must be empty when regression is true")
         _check(
@@ -358,14 +346,12 @@ class DistillConfig:
 
 
 def _check_layer_map_and_weights(layer_map: str | list[int], weights: dict[str, float], steps: tuple[str, ...]) -> None:
-    from distill.method.terms import terms_of  # the registry of loss terms (imports torch)
-
-    terms = tuple(name for step in steps for name in terms_of(step))
+    """The layer map's form and the weights' signs; the weights' names are loss terms of the method's registry, which
+    the job's preflight checks (distill.job.preflight.check_names)."""
     if isinstance(layer_map, str):
         _check(layer_map in ("uniform", "last", "first"), "layer_map",
                f"must be uniform, last, first or a list of teacher layers, got {layer_map!r}")
     for term, weight in weights.items():
-        _check(term in terms, f"weights.{term}", f"unknown loss term; use {', '.join(terms)}")
         _check(weight >= 0, f"weights.{term}", f"must be >= 0, got {weight}")
 
 
@@ -498,23 +484,13 @@ class PipelineConfig:
     sweep: list[SweepEntry] = field(default_factory=list)  # students of `run_distill.py sweep`
 
     def __post_init__(self) -> None:
-        if self.augment.enabled == "auto":  # resolved by the task type, so that stages and run ids see a bool
-            self.augment.enabled = augments(self.task)
+        # augment.enabled "auto" is resolved by the task type in the job (distill.job.preflight.prepare), before any
+        # stage or run id reads it
         names = [entry.name for entry in self.sweep]
         twice = sorted({name for name in names if names.count(name) > 1})
         _check(not twice, "sweep", f"student name(s) {twice} given more than once; each names its own folder")
         _check("teacher" not in names, "sweep", "a student may not be named 'teacher' (the benchmark's teacher row)")
 
-
-
-def augments(task: TaskConfig) -> bool:
-    """Whether ``augment.enabled: auto`` augments this task: its task type (``task.task_type``, a named task's, else
-    sequence classification) keeps its labels under word replacement (:attr:`distill.tasks.TaskType.
-    supports_augmentation`; not extractive QA)."""
-    from distill.tasks import DEFAULT_TYPE, TASKS, get_task_type
-
-    named = TASKS.get(task.name) if task.train_file is None else None
-    return get_task_type(task.task_type or (named.task_type if named else DEFAULT_TYPE)).supports_augmentation
 
 
 def _convert(value: Any, annotation: Any, path: str) -> Any:

@@ -169,15 +169,23 @@ def test_a_classifier_as_masked_lm_and_a_teacher_in_the_jobs_own_stage_folder_st
     assert not (out / "superseded").exists()
 
 
-def test_a_masked_lm_given_as_teacher_is_the_wrong_kind(tmp_path, tiny_tokenizer, capsys):
+def test_a_pre_trained_encoder_given_as_teacher_is_fine_tuned_on_the_task_first(tmp_path, tiny_tokenizer, capsys,
+                                                                                 monkeypatch):
+    """--teacher with no task head (a masked LM, as bert-base-uncased is saved) is an encoder to fine-tune here
+    (teacher.base_model), said in one line; a checkpoint with another task's head is refused (check_model_head)."""
     import run_distill
     from conftest import tiny_masked_lm
 
     tiny_masked_lm().save_pretrained(tmp_path / "mlm")
     tiny_tokenizer.save_pretrained(tmp_path / "mlm")
+    seen = {}
+    monkeypatch.setitem(run_distill.COMMANDS, "pipeline", lambda config, args: seen.update(config=config) or 0)
+    monkeypatch.setattr(run_distill, "_setup_logging", lambda output_dir: None)
     assert run_distill.main(["pipeline", "--teacher", str(tmp_path / "mlm"), "--output-dir", str(tmp_path / "run"),
-                             "--set", "augment.enabled=false"]) == 2
-    assert "is not a fine-tuned sequence classifier (architectures: ['BertForMaskedLM'])" in capsys.readouterr().err
+                             "--set", "augment.enabled=false"]) == 0
+    teacher = seen["config"].teacher
+    assert (teacher.model, teacher.base_model) == (None, str(tmp_path / "mlm"))
+    assert "has no task head (BertForMaskedLM): fine-tuned on the task first" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

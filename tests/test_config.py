@@ -48,10 +48,41 @@ def test_default_config_cuts_the_student_from_the_teacher_and_augments_by_the_pa
     ],
 )
 def test_bad_config_names_the_field(tmp_path, yaml_text, message):
+    """Each bad value is refused naming its field: by the config's own checks, or, for names that registries of the
+    layers above it define (loss terms, task types, metrics), by the job's preparation of it
+    (distill.job.preflight.prepare, which every entry of the job calls first)."""
+    from distill.job.preflight import prepare
+
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
     with pytest.raises(ConfigError, match=message):
-        load_config(path)
+        prepare(load_config(path))
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"task.task_type": "sentiment"}, "task.task_type: must be .* got 'sentiment'"),
+    ({"task.metrics": ["acc"]}, r"task.metrics: unknown metric\(s\) \['acc'\]"),
+    ({"distill.weights": {"atention": 1.0}}, "distill.weights.atention: unknown loss term; use embedding")])
+def test_names_of_the_registries_are_checked_by_the_job_not_the_config(override, message):
+    """The config module imports nothing above it: it loads a name the registries do not know, and the job's
+    preparation refuses it in one line before any stage (the command line prepares every config it loads)."""
+    from distill.job.pipeline import plan_pipeline
+    from distill.job.preflight import prepare
+
+    config = load_config(None, override)  # loads: the config cannot know the registries' names
+    with pytest.raises(ConfigError, match=message):
+        prepare(config)
+    with pytest.raises(ConfigError, match=message):
+        plan_pipeline(config)
+
+
+def test_augmentation_auto_is_resolved_by_the_task_type_when_the_job_prepares_the_config():
+    from distill.job.preflight import prepare
+
+    raw = load_config(None, {"augment.enabled": "auto", "task.name": "squad"})
+    assert raw.augment.enabled == "auto"
+    assert prepare(raw).augment.enabled is False  # QA: word replacement would move the answers
+    assert prepare(load_config(None, {"augment.enabled": "auto"})).augment.enabled is True
 
 
 def test_overrides_and_fingerprints():

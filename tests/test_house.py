@@ -24,7 +24,9 @@ FORBIDDEN = {
     "teachers": ("distill.job", "distill.publish"),
     "students": ("distill.job", "distill.publish"),
     "augment": ("distill.job", "distill.publish"),
-    "distill.config": ("distill.job", "distill.publish", "teachers", "students", "augment"),
+    # the lowest layer: no arrow runs up from it (its names are checked against the registries by the job)
+    "distill.config": ("distill.method", "distill.tasks", "distill.job", "distill.publish", "teachers", "students",
+                       "augment"),
     "distill.device": ("distill.",),
     "distill.logs": ("distill.",),
     "distill.hub": ("distill.",),

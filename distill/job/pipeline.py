@@ -80,7 +80,7 @@ from distill.job.general import (
 )
 from distill.method.layer_map import build_layer_map
 from distill.method.objective import DistillationObjective, intermediate_terms, prediction_terms
-from distill.job.preflight import preflight
+from distill.job.preflight import prepare, preflight
 from distill.job.pruned import init_projections, kept_channels, pruned_stage, stage_config, stage_shapes, stage_source
 from distill.method.processes import (failure_marked, is_main_process, on_main, recorded, several_processes,
                                    wait_for)
@@ -848,7 +848,7 @@ def run_sweep(config: PipelineConfig, device: torch.device | None = None) -> dic
     if not config.sweep:
         raise ConfigError("sweep: the config lists no students; add a `sweep:` list (see configs/sweep_sst2.yaml)")
     device = device if device is not None else run_device()
-    config = for_device(config, device)
+    config = for_device(prepare(config), device)
     entries = sweep_entries(config)
     for entry_config in entries.values():
         preflight(entry_config)
@@ -929,7 +929,7 @@ def run_pipeline(config: PipelineConfig, device: torch.device | None = None, com
             (ConfigError, DataError, ModelError, ...), finished stages kept.
     """
     device = device if device is not None else run_device()
-    config = for_device(config, device)
+    config = for_device(prepare(config), device)
     preflight(config)
     logger.info("device: %s", device)
     with output_lock(Path(config.output_dir), command):
@@ -1023,7 +1023,7 @@ def plan_pipeline(config: PipelineConfig, student_dir: Path | None = None) -> li
     Raises:
         ConfigError, ModelError: what :func:`distill.job.preflight.preflight` refuses before any stage.
     """
-    config = for_device(config, run_device())
+    config = for_device(prepare(config), run_device())
     preflight(config)
     out = Path(config.output_dir)
     student_dir = student_dir or out

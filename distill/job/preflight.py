@@ -9,7 +9,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from augment import check_word_vectors, load_stopwords
 from distill.method.capture import CaptureError, capture_support
-from distill.config import ConfigError, PipelineConfig
+from distill.config import ConfigError, PipelineConfig, with_overrides
 from distill.job.corpus import corpus_sources
 from distill.tasks.data import task_spec
 from distill.job.general import general_config
@@ -21,6 +21,57 @@ from teachers.mlm import corpus_files
 from teachers.models import check_teacher_config, load_config as load_model_config
 
 logger = logging.getLogger(__name__)
+
+
+def check_names(config: PipelineConfig) -> None:
+    """The names a config gives that registries of the layers above the config define: ``task.task_type`` (a
+    registered task type), ``task.metrics`` (metrics a type scores) and the loss weights' terms (``distill.weights``:
+    intermediate and prediction terms; ``general.weights``: intermediate ones).
+
+    Raises:
+        ConfigError: an unknown name, naming its field and the known ones.
+    """
+    from distill.method.terms import terms_of
+    from distill.tasks import TASK_TYPES, metric_names
+
+    types, metrics = tuple(TASK_TYPES), metric_names()
+    task = config.task
+    if task.task_type not in (None, *types):
+        raise ConfigError(f"task.task_type: must be {', '.join(types[:-1])} or {types[-1]}, got {task.task_type!r}")
+    unknown = [m for m in task.metrics or [] if m not in metrics]
+    if unknown:
+        raise ConfigError(f"task.metrics: unknown metric(s) {unknown}; use {', '.join(metrics)}")
+    sections = [("distill", config.distill.weights, ("intermediate", "prediction")),
+                ("general", config.general.weights, ("intermediate",))]
+    for where, weights, steps in sections:
+        terms = tuple(name for step in steps for name in terms_of(step))
+        for term in weights:
+            if term not in terms:
+                raise ConfigError(f"{where}.weights.{term}: unknown loss term; use {', '.join(terms)}")
+
+
+def augments(task) -> bool:
+    """Whether ``augment.enabled: auto`` augments this task: its task type (``task.task_type``, a named task's, else
+    sequence classification) keeps its labels under word replacement (:attr:`distill.tasks.TaskType.
+    supports_augmentation`; not extractive QA)."""
+    from distill.tasks import DEFAULT_TYPE, TASKS, get_task_type
+
+    named = TASKS.get(task.name) if task.train_file is None else None
+    return get_task_type(task.task_type or (named.task_type if named else DEFAULT_TYPE)).supports_augmentation
+
+
+def prepare(config: PipelineConfig) -> PipelineConfig:
+    """A loaded config made ready for the job: its names checked against the registries (:func:`check_names`) and
+    ``augment.enabled: auto`` resolved by the task type (:func:`augments`), so that stages and run ids see a bool. Every
+    entry of the job (pipeline, plan, sweep, the command line) calls it; a prepared config is returned as it is.
+
+    Raises:
+        ConfigError: what :func:`check_names` refuses.
+    """
+    check_names(config)
+    if config.augment.enabled == "auto":
+        return with_overrides(config, {"augment.enabled": augments(config.task)})
+    return config
 
 
 def preflight(config: PipelineConfig) -> None:
