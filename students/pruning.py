@@ -35,7 +35,7 @@ import copy
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -161,7 +161,8 @@ def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: 
     Args:
         model: a fine-tuned encoder with a head (or a bare encoder), any family :func:`layer_modules` knows; its
             ``requires_grad`` flags are restored after a Taylor pass.
-        batches: padded model inputs, ``input_ids`` and ``attention_mask`` (B, T), ``token_type_ids`` optional; for
+        batches: padded model inputs, ``input_ids`` and ``attention_mask`` (B, T) or in the task type's layout (a
+            multiple-choice batch (B, C, T), whose choices are the encoder's rows), ``token_type_ids`` optional; for
             "taylor" also the labels the model's own loss reads (``labels``, or QA's ``start_positions`` and
             ``end_positions``).
         device: where the forward (and backward) passes run.
@@ -219,7 +220,9 @@ def compute_importance(model: PreTrainedModel, batches: Iterable[dict], device: 
             inputs = {k: batch[k].to(device) for k in MODEL_INPUTS if k in batch}
             if "token_type_ids" in inputs and getattr(model.config, "type_vocab_size", 0) <= 1:
                 inputs.pop("token_type_ids")
-            mask = inputs["attention_mask"]
+            # one row a sequence through the encoder, as its hidden states are: a multiple-choice batch's (B, C, T)
+            # mask is (B x C, T) there (the task type's encoder_inputs flatten it so)
+            mask = inputs["attention_mask"].reshape(-1, inputs["attention_mask"].shape[-1])
             state["mask"] = mask[..., None].float()
             state["lengths"] = mask.sum(dim=1, keepdim=True).float().clamp(min=1)
             kept.clear()
@@ -425,7 +428,8 @@ def _output_sum(outputs) -> torch.Tensor:
     return sum(tensor.float().sum() for tensor in tensors)
 
 
-def prune_model(teacher: PreTrainedModel, plan: PruningPlan, student_config: PretrainedConfig) -> PreTrainedModel:
+def prune_model(teacher: PreTrainedModel, plan: PruningPlan, student_config: PretrainedConfig,
+                example_inputs: Callable[[PretrainedConfig], dict] | None = None) -> PreTrainedModel:
     """A plain `transformers` model of ``student_config`` holding the teacher's weights that ``plan`` keeps.
 
     The teacher is copied (it is not changed), cut to the plan's layers, then pruned in width: the residual stream
@@ -437,6 +441,8 @@ def prune_model(teacher: PreTrainedModel, plan: PruningPlan, student_config: Pre
         teacher: the fine-tuned teacher (any head), on any device; float weights.
         plan: what to keep (:func:`plan_pruning`).
         student_config: the student's config, of the teacher's family, sized as the plan.
+        example_inputs: inputs of the task type's layout for the model of a config, traced to build the dependency
+            graph (:meth:`distill.tasks.TaskType.example_inputs`); None: two (B, T) sequences (:func:`probe_inputs`).
 
     Returns:
         The student, of the teacher's class, on the CPU in eval mode.
@@ -455,8 +461,8 @@ def prune_model(teacher: PreTrainedModel, plan: PruningPlan, student_config: Pre
     model.config.num_hidden_layers = len(plan.layers)
     hidden = teacher.config.hidden_size
     with torch.enable_grad():  # the graph is traced through autograd
-        graph = tp.DependencyGraph().build_dependency(model, example_inputs=probe_inputs(model.config),
-                                                      output_transform=_output_sum)
+        probe = (example_inputs or probe_inputs)(model.config)
+        graph = tp.DependencyGraph().build_dependency(model, example_inputs=probe, output_transform=_output_sum)
     norm = next(m for m in kept_layers[0].modules() if isinstance(m, nn.LayerNorm) and m.normalized_shape == (hidden,))
     if removed := _removed(plan.residual, hidden):
         graph.get_pruning_group(norm, tp.prune_layernorm_out_channels, idxs=removed).prune()

@@ -161,7 +161,13 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
         layers = build_layer_map(config.distill.layer_map, teacher.config.num_hidden_layers,
                                  shape["num_hidden_layers"])
     plan = plan_pruning(importance, teacher.config, shape, layers)
-    student = prune_model(teacher, plan, student_config(teacher.config, shape, init="teacher"))
+    def probe(model_config):  # traced to build the dependency graph: inputs of the task type's layout
+        generator = torch.Generator().manual_seed(0)
+        inputs = spec.type.example_inputs(model_config, 2, 8, generator)
+        inputs["attention_mask"][1, ..., 5:] = 0
+        return inputs
+
+    student = prune_model(teacher, plan, student_config(teacher.config, shape, init="teacher"), example_inputs=probe)
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     saved = plan.to_dict()

@@ -364,7 +364,8 @@ class ModelOutputs:
             several outputs stacked in the last dimension); None for a bare encoder.
         hidden_states: L+1 tensors (B, T, H); index 0 is the embedding output.
         attentions: L entries, (B, A, T, T) pre-softmax scores QKᵀ/√d of each captured layer, None for the others.
-        attention_mask: (B, T), 1 for real tokens, 0 for padding.
+        attention_mask: (B, T), 1 for real tokens, 0 for padding: one row a sequence through the encoder (a
+            multiple-choice batch's (B, C, T) mask flattened to (B × C, T), as the hidden states are).
         qkv: {0-based layer: (query, key, value)}, each (B, T, H), for the layers asked for with ``qkv_layers``.
     """
 
@@ -384,13 +385,17 @@ def default_logits(outputs) -> torch.Tensor | None:
 
 
 def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attentions: bool = True,
-              logits: Callable[[Any], torch.Tensor | None] = default_logits) -> ModelOutputs:
+              logits: Callable[[Any], torch.Tensor | None] = default_logits,
+              flatten: Callable[[dict], dict] | None = None) -> ModelOutputs:
     """Forward ``model`` on ``batch`` and fill a :class:`ModelOutputs`; ``logits`` reads the head's output from the
-    model's (the task type's :meth:`~distill.tasks.TaskType.logits`, given by the objective's head).
+    model's (the task type's :meth:`~distill.tasks.TaskType.logits`, given by the objective's head); ``flatten``
+    gives the batch's inputs as the encoder reads them, one row a sequence (the task type's
+    :meth:`~distill.tasks.TaskType.encoder_inputs`; None: (B, T) inputs as they are), whose mask is recorded.
 
     Only the model inputs are passed (``input_ids``, ``attention_mask``, ``token_type_ids`` when the model has
-    token types); labels are ignored so no loss is computed inside the model.
+    token types), in the batch's own layout; labels are ignored so no loss is computed inside the model.
     """
+    mask = (flatten(batch) if flatten is not None else batch)["attention_mask"]
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     if "token_type_ids" in inputs and getattr(model.config, "type_vocab_size", 0) <= 1:
         inputs.pop("token_type_ids")  # RoBERTa-style models have a single token type
@@ -403,7 +408,7 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
             logits=logits(outputs),
             hidden_states=tuple(outputs.hidden_states or ()),
             attentions=hooks.collect() if attentions else (),
-            attention_mask=batch["attention_mask"],
+            attention_mask=mask,
             qkv=qkv,
         )
     outputs = model(**inputs, output_hidden_states=hidden_states, output_attentions=attentions)
@@ -419,14 +424,14 @@ def run_model(model: nn.Module, batch: dict, hidden_states: bool = True, attenti
         logits=logits(outputs),
         hidden_states=tuple(outputs.hidden_states or ()),
         attentions=returned,
-        attention_mask=batch["attention_mask"],
+        attention_mask=mask,
         qkv=sink.take() if sink is not None else {},
     )
 
 
 @torch.no_grad()
 def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool = False, role: str = "model",
-                  qkv_layers: list[int] | None = None) -> None:
+                  qkv_layers: list[int] | None = None, head=None) -> None:
     """Enable score capture on ``model`` and check it on a probe batch, once, before any training.
 
     The model runs the probe with ``attn_implementation="eager"`` (its standard output: hidden states, attention
@@ -442,6 +447,9 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
         model: a `transformers` encoder (classifier or bare).
         layers, fused, qkv_layers: as :func:`enable_score_capture`.
         role: "teacher" or "student", for the message.
+        head: the objective's head (:class:`distill.method.objective.PredictionHead`), whose ``example_inputs`` give
+            the probe in the task type's input layout and ``encoder_inputs`` flatten it to the encoder's rows; None:
+            a (B, T) probe.
 
     Raises:
         CaptureError: the family is not a BERT-style encoder (see :func:`capture_support`), or the probe found
@@ -454,14 +462,15 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
         raise CaptureError(f"{role}: {reason}")
     was_training = model.training
     model.eval()
-    probe = _probe_batch(config, next(model.parameters()).device)
+    probe = _probe_batch(config, next(model.parameters()).device, head)
+    flat = head.encoder_inputs(probe) if head is not None and hasattr(head, "encoder_inputs") else probe
     try:
         model.set_attn_implementation("eager")
     except (ValueError, KeyError, AttributeError):
         pass  # enable_score_capture below gives the message
     reference = model(**probe, output_hidden_states=True, output_attentions=True)
     enable_score_capture(model, layers, fused, qkv_layers)
-    captured = run_model(model, probe)
+    captured = run_model(model, probe, flatten=(lambda batch: flat) if flat is not probe else None)
     outputs = model(**probe)  # every head output with capture on (logits; a QA head's start and end logits)
     if getattr(model, "qkv_sink", None) is not None:
         model.qkv_sink.take()  # that forward's projections: the sink must start the next one empty
@@ -473,14 +482,14 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
                            f"transformers attention interface. {LOGIT_ONLY_HINT}")
 
     num_layers, hidden = config.num_hidden_layers, config.hidden_size
-    shape = tuple(probe["input_ids"].shape)
+    shape = tuple(flat["input_ids"].shape)  # (N, T): the sequences through the encoder
     if len(captured.hidden_states) != num_layers + 1:
         fail(f"it returns {len(captured.hidden_states)} hidden states, expected {num_layers + 1} (embeddings + "
              f"{num_layers} layers)")
     if any(tuple(h.shape) != (*shape, hidden) for h in captured.hidden_states):
         fail(f"hidden states of shape {[tuple(h.shape) for h in captured.hidden_states]}, expected {(*shape, hidden)}")
     wanted = range(num_layers) if layers is None else sorted(set(layers))
-    mask = probe["attention_mask"].bool()[:, None, None, :]
+    mask = flat["attention_mask"].bool()[:, None, None, :]
     for i in wanted:
         scores = captured.attentions[i] if i < len(captured.attentions) else None
         if scores is None:
@@ -512,11 +521,15 @@ def check_capture(model: nn.Module, layers: list[int] | None = None, fused: bool
             fail(f"its {name} with capture differ from eager ones by {float((found - expected).abs().max()):.2e}")
 
 
-def _probe_batch(config, device) -> dict:
-    """Two sequences of 8 tokens, the second with 3 padding positions; ids drawn from a fixed generator."""
+def _probe_batch(config, device, head=None) -> dict:
+    """Two examples of 8 tokens, the second with 3 padding positions; ids drawn from a fixed generator. With ``head``
+    (its ``example_inputs``), in the task type's input layout (a multiple-choice example: each choice so)."""
     generator = torch.Generator().manual_seed(0)
-    low = min(5, config.vocab_size - 1)
-    ids = torch.randint(low, config.vocab_size, (2, 8), generator=generator)
-    mask = torch.ones(2, 8, dtype=torch.long)
-    mask[1, 5:] = 0
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if head is not None and hasattr(head, "example_inputs"):
+        probe = {k: v.clone() for k, v in head.example_inputs(config, 2, 8, generator).items()}
+    else:
+        low = min(5, config.vocab_size - 1)
+        ids = torch.randint(low, config.vocab_size, (2, 8), generator=generator)
+        probe = {"input_ids": ids, "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    probe["attention_mask"][1, ..., 5:] = 0
+    return {k: v.to(device) for k, v in probe.items()}

@@ -101,6 +101,14 @@ class PredictionHead(Protocol):
     def inputs_differ(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict) -> torch.Tensor:
         """Scalar bool: whether the logits differ where the loss reads them."""
 
+    def encoder_inputs(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The batch's model inputs as the encoder reads them, (N, T): the input layout of the task's type
+        (:meth:`distill.tasks.TaskType.encoder_inputs`), read by the terms' masks and the capture check."""
+
+    def example_inputs(self, config, batch_size: int, seq_length: int, generator: torch.Generator | None = None
+                       ) -> dict[str, torch.Tensor]:
+        """Model inputs of the type's layout, every position real (the capture check's probe)."""
+
 
 class SoftTargets:
     """The default head: (B, C) logits, TinyBERT's soft cross-entropy against the teacher's (Eq. 10), with the
@@ -115,6 +123,14 @@ class SoftTargets:
 
     def inputs_differ(self, student_logits, teacher_logits, batch):
         return (student_logits.float() != teacher_logits.float()).any()
+
+    def encoder_inputs(self, batch):
+        return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+
+    def example_inputs(self, config, batch_size, seq_length, generator=None):
+        low = min(5, config.vocab_size - 1)
+        ids = torch.randint(low, config.vocab_size, (batch_size, seq_length), generator=generator)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 class DistillationObjective(nn.Module):
@@ -175,6 +191,8 @@ class DistillationObjective(nn.Module):
         self.temperature_squared = temperature_squared
         self.hard_label_weight = hard_label_weight
         self.head = head if head is not None else SoftTargets()
+        # the head's input layout: a head written before the hook reads (B, T) inputs as they are
+        self.encoder_inputs = getattr(self.head, "encoder_inputs", SoftTargets().encoder_inputs)
         self.relation_heads = relation_heads
         if hidden_loss not in ("mse", "normalized"):
             raise ValueError(f"hidden_loss must be mse or normalized, got {hidden_loss!r}")
@@ -186,11 +204,12 @@ class DistillationObjective(nn.Module):
         self.teacher_reads = teacher_reads(self.terms, self.layer_map)
         self.inputs_differ: dict[str, torch.Tensor] = {}
         if self.needs_attentions or needs_qkv:
-            # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only.
+            # The frozen teacher: SDPA everywhere, scores by one more matmul at the mapped layers only. The probe has
+            # the task type's input layout (a multiple-choice batch (B, C, T)).
             check_capture(teacher, [g - 1 for g in self.layer_map] if self.needs_attentions else [], fused=True,
-                          role="teacher", qkv_layers=[self.layer_map[-1] - 1] if needs_qkv else None)
+                          role="teacher", qkv_layers=[self.layer_map[-1] - 1] if needs_qkv else None, head=self.head)
             check_capture(student, None if self.needs_attentions else [], role="student",
-                          qkv_layers=[num_student_layers - 1] if needs_qkv else None)
+                          qkv_layers=[num_student_layers - 1] if needs_qkv else None, head=self.head)
         elif self.needs_intermediate:  # hidden states only: still refuse models that cannot be matched layer by layer
             for role, model in (("teacher", teacher), ("student", student)):
                 if (reason := capture_support(model.config)) is not None:
@@ -226,9 +245,9 @@ class DistillationObjective(nn.Module):
         if teacher is None and (self.needs_intermediate or cached_logits is None):  # cached logits: no teacher forward
             with torch.no_grad():
                 teacher = run_model(self.teacher, batch, self.needs_intermediate, self.needs_attentions,
-                                    logits=self.head.logits)
+                                    logits=self.head.logits, flatten=self.encoder_inputs)
         student = run_model(self.trainable["student"], batch, self.needs_intermediate, self.needs_attentions,
-                            logits=self.head.logits)
+                            logits=self.head.logits, flatten=self.encoder_inputs)
         # The teacher's outputs were made for this step alone; the terms get them through one object that lets the
         # last reader of a buffer overwrite it, and refuses reads once the terms are done.
         outputs = TeacherOutputs(teacher, cached_logits, self.teacher_reads)

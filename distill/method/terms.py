@@ -131,26 +131,26 @@ def _state_loss(objective, student_states: torch.Tensor, target: torch.Tensor, c
 
 def _embedding(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     target, consume = teacher.take("hidden_states", 0)
-    loss, differ = _state_loss(objective, student.hidden_states[0], target, consume, batch["attention_mask"],
+    loss, differ = _state_loss(objective, student.hidden_states[0], target, consume, student.attention_mask,
                                objective.projection("embedding"))
     return TermValue(loss, differ)
 
 
 def _hidden(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
-    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
+    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=student.attention_mask.device)
     for m, g in enumerate(objective.layer_map, start=1):
         target, consume = teacher.take("hidden_states", g)
         value, layer_differs = _state_loss(objective, student.hidden_states[m], target, consume,
-                                           batch["attention_mask"], objective.projection("hidden"))
+                                           student.attention_mask, objective.projection("hidden"))
         loss, differ = loss + value, differ | layer_differs
     return TermValue(loss, differ)
 
 
 def _attention(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
-    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=batch["attention_mask"].device)
+    loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=student.attention_mask.device)
     for m, g in enumerate(objective.layer_map, start=1):
         target, consume = teacher.take("attentions", g)
-        total, count, layer_differs = attention_error(student.attentions[m - 1], target, batch["attention_mask"],
+        total, count, layer_differs = attention_error(student.attentions[m - 1], target, student.attention_mask,
                                                       consume_teacher=consume)
         loss, differ = loss + total / count.clamp(min=1), differ | layer_differs
     return TermValue(loss, differ)
@@ -159,7 +159,7 @@ def _attention(objective, student: ModelOutputs, teacher: TeacherOutputs, batch:
 def _relation(objective, student: ModelOutputs, teacher: TeacherOutputs, batch: dict) -> TermValue:
     last = len(objective.layer_map)
     targets, _ = teacher.take("qkv", objective.layer_map[-1])
-    mask = batch["attention_mask"]
+    mask = student.attention_mask
     loss, differ = 0.0, torch.zeros((), dtype=torch.bool, device=mask.device)
     for own, target in zip(student.qkv[last - 1], targets):  # query-query, key-key, value-value relations
         total, count, relations_differ = relation_error(own, target, mask, objective.relation_heads)

@@ -65,17 +65,19 @@ def export_onnx(model: torch.nn.Module, path: Path, max_length: int, task_type) 
     model = model.eval()
     names = input_names(model)
     probe = task_type.example_inputs(model.config, 2, 16, torch.Generator().manual_seed(0))
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    length = torch.export.Dim("length", min=2, max=max_length)
+    # every dimension of the type's input layout dynamic (batch, sequence; a multiple-choice type's choices too)
+    axes = {dim: torch.export.Dim("length" if dim == "sequence" else dim, min=2 if dim == "sequence" else 1,
+                                  max=max_length if dim == "sequence" else 4096) for dim in task_type.input_dims}
     path.parent.mkdir(parents=True, exist_ok=True)
     with _quiet_exporter():
         torch.onnx.export(model, (), kwargs=probe, f=str(path), input_names=names,
                           output_names=output_names(model, probe),
-                          dynamic_shapes={name: {0: batch, 1: length} for name in names}, dynamo=True,
+                          dynamic_shapes={name: {i: axes[dim] for i, dim in enumerate(task_type.input_dims)}
+                                          for name in names}, dynamo=True,
                           external_data=False, verbose=False)
     padded = {name: value.clone() for name, value in probe.items()}
     if "attention_mask" in padded:  # the second row padded: the graph must mask as the model does, not assume none
-        padded["attention_mask"][1, 10:] = 0
+        padded["attention_mask"][1, ..., 10:] = 0
     session, difference = OnnxClassifier(path), 0.0
     for inputs in (probe, padded):
         with torch.no_grad():

@@ -223,6 +223,17 @@ class TaskType:
             inputs["token_type_ids"] = torch.zeros_like(ids)
         return inputs
 
+    def encoder_inputs(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The model inputs of a batch of this type's layout as the encoder reads them: one row a sequence, (N, T),
+        every dimension before the sequence's flattened into N (a multiple-choice batch (B, C, T): N = B × C, as
+        ``...ForMultipleChoice`` flattens it). The hidden states and attention scores captured for distillation are
+        of those N rows, so the loss terms' masks, pruning's token counts and the capture check read this. This
+        default: (B, T) inputs as they are."""
+        names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch]
+        if len(self.input_dims) == 2:
+            return {name: batch[name] for name in names}
+        return {name: batch[name].reshape(-1, batch[name].shape[-1]) for name in names}
+
     def example_lengths(self, dataset) -> list[int] | None:
         """Tokens per example of a tokenized dataset of this type's layout, for length grouping; None: the loop's own
         count of ``input_ids`` (:func:`distill.method.trainer.example_lengths`), right for (batch, sequence) inputs. A
@@ -353,6 +364,13 @@ class PredictionHead:
 
     def inputs_differ(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict) -> torch.Tensor:
         return self.task_type.prediction_inputs_differ(self.spec, student_logits, teacher_logits, batch)
+
+    def encoder_inputs(self, batch: dict) -> dict[str, torch.Tensor]:
+        return self.task_type.encoder_inputs(batch)
+
+    def example_inputs(self, config, batch_size: int, seq_length: int, generator: torch.Generator | None = None
+                       ) -> dict[str, torch.Tensor]:
+        return self.task_type.example_inputs(config, batch_size, seq_length, generator)
 
 
 def pad_rows(rows: list, length: int, fill: float, dtype: torch.dtype, left: bool = False) -> torch.Tensor:
