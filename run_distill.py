@@ -205,6 +205,26 @@ def parse_args(argv: list[str] | None = None, prog: str = "run_distill.py") -> a
                        "read as the run reads it, then stop; nothing is written but the cached timings")
     seeds.add_argument("--show-config", action="store_true", help="with --dry-run: print the resolved config too")
 
+    compress = commands.add_parser("compress", help="from a teacher and a budget (speed-up, latency or size) to the "
+                                   "smallest student that keeps its score: shapes measured here, ranked, the best "
+                                   "distilled, the choice shipped")
+    _common(compress, "the task's recipe, as pipeline chooses it")
+    compress.add_argument("--teacher", help="the teacher: fine-tuned (with the task's head) or an encoder to fine-tune "
+                          "(mpnet, bert-base-uncased); default the recipe's")
+    budget = compress.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--speedup", type=float, help="at least this many times faster than the teacher")
+    budget.add_argument("--latency-ms", type=float, help="at most this many milliseconds a batch")
+    budget.add_argument("--size-mb", type=float, help="at most this many MB of fp32 weights")
+    compress.add_argument("--batch-size", type=int, default=32, help="the batch a latency is measured at (default 32)")
+    compress.add_argument("--seq-length", type=int, default=None, help="the tokens an example a latency is measured at "
+                          "(default the recipe's report length)")
+    compress.add_argument("--keep", type=float, default=0.97, help="the share of the teacher's metric to keep "
+                          "(default 0.97)")
+    compress.add_argument("--candidates", type=int, default=2, help="shapes distilled in full, the best by importance "
+                          "kept (default 2)")
+    compress.add_argument("--dry-run", action="store_true", help="print every shape's latency here and whether it "
+                          "meets the budget, and the stages and their estimated minutes; nothing is trained")
+
     sweep = commands.add_parser("sweep", help="distil several students from one teacher and augmented set, then "
                                 "benchmark them together (config: sweep list)")
     _common(sweep, "sweep_sst2.yaml")
@@ -350,7 +370,7 @@ def _named_teacher(args: argparse.Namespace) -> tuple[int | None, str]:
     fine-tune, ``teacher.base_model``, rather than a fine-tuned teacher, ``teacher.model``) its architectures in words,
     else ""; (None, "") when there is none or its config cannot be read here (a hub model offline)."""
     name = getattr(args, "teacher", None)
-    if not name or not (args.command in ("pipeline", "seeds") or getattr(args, "stage", None) == "task"):
+    if not name or not (args.command in ("pipeline", "seeds", "compress") or getattr(args, "stage", None) == "task"):
         return None, ""
     try:
         from teachers.models import load_config
@@ -366,7 +386,7 @@ def _named_teacher(args: argparse.Namespace) -> tuple[int | None, str]:
 def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
     args = parse_args(argv, prog)
     _join_process_group()
-    defaults = {"pipeline": DEFAULT_CONFIG, "seeds": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG,
+    defaults = {"pipeline": DEFAULT_CONFIG, "seeds": DEFAULT_CONFIG, "distill": DEFAULT_CONFIG, "compress": DEFAULT_CONFIG,
                 "benchmark": DEFAULT_CONFIG, "sweep": SWEEP_CONFIG, "export": DEFAULT_CONFIG}
     config_file = args.config or (str(defaults[args.command]) if args.command in defaults else None)
     overrides = {"output_dir": getattr(args, "output_dir", None)}
@@ -386,7 +406,7 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         return 2
     teacher_layers, bare_encoder = _named_teacher(args)
     recipe = files_recipe or (_task_recipe(getattr(args, "task", None), teacher_layers) if not files else None)
-    task_job = args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task")
+    task_job = args.command in ("pipeline", "seeds", "compress") or (args.command == "distill" and args.stage == "task")
     if files and args.config is None and task_job and "task.task_type" in files:
         task = files["task.name"]
         overrides["output_dir"] = args.output_dir or f"runs/{task}"
@@ -408,11 +428,14 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         overrides["output_dir"] = args.output_dir or f"runs/{args.task}"
     if args.command == "benchmark" and args.no_compress:
         overrides["benchmark.compress"] = []
-    if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export"):
+    if args.command in ("pipeline", "seeds", "augment", "distill", "benchmark", "sweep", "export", "compress"):
         overrides.update({"task.name": args.task, "task.data_dir": args.data_dir})
     overrides.update(files)
-    if args.command in ("pipeline", "seeds") or (args.command == "distill" and args.stage == "task"):
-        overrides.update({"teacher.model": args.teacher, "student.model": args.student})
+    if args.command == "compress":  # its own folder: a search beside the task's pipeline run, not inside it
+        task = files.get("task.name") or args.task or _default_task()
+        overrides["output_dir"] = args.output_dir or f"runs/compress_{task}"
+    if args.command in ("pipeline", "seeds", "compress") or (args.command == "distill" and args.stage == "task"):
+        overrides.update({"teacher.model": args.teacher, "student.model": getattr(args, "student", None)})
         if bare_encoder:  # a pre-trained encoder (--teacher mpnet, bert-base-uncased): fine-tuned here on the task
             overrides.update({"teacher.model": None, "teacher.base_model": args.teacher})
             print(f"teacher {args.teacher} has no task head ({bare_encoder}): fine-tuned on the task first "
@@ -759,8 +782,45 @@ def run_augment_command(config, args) -> int:
     return 0
 
 
+def _budget(config, args):
+    from distill.job.compress import Budget
+
+    return Budget(speedup=args.speedup, latency_ms=args.latency_ms, size_mb=args.size_mb, batch_size=args.batch_size,
+                  seq_length=args.seq_length or config.report.seq_length)
+
+
+def run_compress_command(config, args) -> int:
+    from distill.job.compress import entries, plan_compress, run_compress
+
+    budget = _budget(config, args)
+    if args.dry_run:
+        from distill.job.pipeline import plan_sweep
+
+        shapes, teacher_ms = plan_compress(config, budget)
+        fits = [shape for shape in shapes if shape.fits]
+        print(f"budget: {budget.describe()} (the teacher: {teacher_ms:.1f} ms); keep {args.keep:.0%}; {len(fits)} of "
+              f"{len(shapes)} shapes meet it; the {args.candidates} the teacher's importance ranks first are distilled")
+        print(f"{'shape':<22}{'ms':>9}{'faster by':>11}{'MB':>8}  in budget")
+        for shape in shapes:
+            print(f"{shape.name:<22}{shape.latency_ms:>9.1f}{teacher_ms / shape.latency_ms:>10.1f}x"
+                  f"{shape.size_mb:>8.1f}  {'yes' if shape.fits else 'no'}")
+        print()
+        # the stages, priced as the largest shapes inside the budget (the proxy needs the fine-tuned teacher)
+        sweep = entries(config, fits[:args.candidates])
+        return _dry_run(sweep, plan_sweep, False, _entries(sweep, plan_sweep))
+    start = time.perf_counter()
+    record = run_compress(config, budget, keep=args.keep, candidates=args.candidates)
+    if not record:
+        return 0
+    folder = Path(record["folder"])
+    print((folder / "compress.md").read_text(encoding="utf-8"))
+    print(f"compress done in {time.perf_counter() - start:.0f} s; chosen: {config.output_dir}/{record['student']}; "
+          f"the search: {folder / 'compress.md'}")
+    return 0
+
+
 COMMANDS = {"pipeline": run_pipeline_command, "seeds": run_seeds_command, "distill": run_distill_command,
-            "benchmark": run_benchmark_command,
+            "compress": run_compress_command, "benchmark": run_benchmark_command,
             "sweep": run_sweep_command, "export": run_export_command,
             "adapt-mlm": run_adapt_mlm_command, "augment": run_augment_command}
 

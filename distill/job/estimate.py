@@ -66,24 +66,43 @@ class Clock:
         self.busy = _load() > BUSY_LOAD * (os.cpu_count() or 1)
         self.unkept: set[str] = set()
 
+    def _key(self, config, batch: int, length: int, kind: str) -> str:
+        if kind != "latency":
+            length = max(8, int(math.ceil(length / 8) * 8))  # a few shapes, not one per length
+        return f"{self.machine}|{_shape_key(config)}|{kind}|{batch}|{length}"
+
+    def known_seconds(self, config, batch: int, length: int, kind: str) -> float | None:
+        """A timing made before (kept in the file, or by this clock), None when there is none."""
+        return self.known.get(self._key(config, batch, length, kind))
+
+    def record(self, config, batch: int, length: int, kind: str, seconds: float) -> None:
+        """Keep a timing measured elsewhere (compress's interleaved latencies), as :meth:`seconds` keeps its own."""
+        key = self._key(config, batch, length, kind)
+        self.known[key] = seconds
+        self.measured += 1
+        self._save(key)
+
+    def _save(self, key: str) -> None:
+        if self.busy:
+            self.unkept.add(key)
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            kept = {k: v for k, v in self.known.items() if k not in self.unkept}
+            self.path.write_text(json.dumps(kept, indent=0), encoding="utf-8")
+        except OSError:  # a read-only cache: measure again next time
+            pass
+
     def seconds(self, config, batch: int, length: int, kind: str) -> float:
         """Wall seconds of one ``kind`` ("step": forward, backward and AdamW of a sequence classifier; "forward": a
         forward pass without gradients; "mlm_step", "mlm_forward": the same of a masked LM) of a model of
-        ``config``'s shape at (batch, length), median of 2 after one warm-up."""
-        length = max(8, int(math.ceil(length / 8) * 8))  # a few shapes, not one per length
-        key = f"{self.machine}|{_shape_key(config)}|{kind}|{batch}|{length}"
+        ``config``'s shape at (batch, length), median of 2 after one warm-up. (Kind "latency", at exactly the
+        length asked, holds the interleaved timings ``compress`` records.)"""
+        key = self._key(config, batch, length, kind)
         if key not in self.known:
             self.known[key] = _measure(config, batch, length, kind)
             self.measured += 1
-            if self.busy:
-                self.unkept.add(key)
-                return self.known[key]
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                kept = {k: v for k, v in self.known.items() if k not in self.unkept}
-                self.path.write_text(json.dumps(kept, indent=0), encoding="utf-8")
-            except OSError:  # a read-only cache: measure again next time
-                pass
+            self._save(key)
         return self.known[key]
 
 

@@ -870,7 +870,8 @@ def sweep_entries(config: PipelineConfig) -> dict[str, PipelineConfig]:
     return entries
 
 
-def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device) -> dict | None:
+def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: torch.device,
+           benchmark_dir: Path | None = None) -> dict | None:
     from distill.publish.benchmark import resolve_model_folder, run_benchmark, unique_name
 
     out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
@@ -887,8 +888,9 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         return None
     for extra in config.benchmark.students:
         students[unique_name(Path(extra).name, {"teacher", *students})] = resolve_model_folder(Path(extra), "student")
-    _banner("benchmark", out / "benchmark")
-    report = run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, out / "benchmark",
+    benchmark_dir = benchmark_dir or out / "benchmark"
+    _banner("benchmark", benchmark_dir)
+    report = run_benchmark(out / "teacher", students, spec, data["dev"], config.benchmark, benchmark_dir,
                            config.task.max_seq_length, device=device)
     rows = {row["name"]: row for row in report["rows"] if row["variant"] == "pytorch"}
     halves = [half_key(REPORT, name) for name in spec.metrics]
