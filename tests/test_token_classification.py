@@ -605,3 +605,26 @@ def test_the_dry_run_refuses_a_conll_file_the_run_would_refuse(tmp_path, capsys)
     assert f"data: local data folder ({folder}): 1 train, 1 dev examples" in out
     assert "  train 0: tokens ['the', 'actor']; label [O, B-person]" in out
     assert not (tmp_path / "run").exists()
+
+
+def test_each_entity_types_recall_is_scored_and_the_report_gives_the_students_share_of_the_teachers():
+    from distill.tasks import get_task
+    from distill.tasks.token_classification import entity_metrics
+
+    names = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+    labels = [np.array([1, 2, 0, 3]), np.array([0, 3, 4])]  # gold: PER, LOC; LOC
+
+    def tagged(ids):
+        logits = np.full((len(ids), len(names)), -5.0)
+        logits[np.arange(len(ids)), ids] = 5.0
+        return logits
+
+    teacher = entity_metrics([tagged([1, 2, 0, 3]), tagged([0, 3, 4])], labels, names)
+    student = entity_metrics([tagged([1, 2, 0, 0]), tagged([0, 3, 4])], labels, names)  # misses the first LOC
+    assert teacher["type/LOC/recall"] == 1.0 and student["type/LOC/recall"] == 0.5
+    assert student["type/PER/recall"] == student["type/PER/precision"] == 1.0
+    spec = get_task("wnut_17")
+    surfaces = {"surface/f1": 1.0}  # the report's sections need the surface-form scores
+    (section,) = spec.type.report_sections(spec, {"teacher": {**teacher, **surfaces}, "student": {**student,
+                                                                                                  **surfaces}})
+    assert "| LOC | 1.0000 | 0.5000 (50%) |" in section and "| all entities | 1.0000 | 0.6667 (67%) |" in section

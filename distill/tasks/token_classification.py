@@ -388,6 +388,14 @@ def entity_metrics(logits: list[np.ndarray] | np.ndarray, labels: list[np.ndarra
     scored_words = sum(len(g) for g in gold)
     correct = sum(int(a == b) for g, p in zip(gold, predicted) for a, b in zip(g, p))
     metrics["accuracy"] = correct / scored_words if scored_words else 0.0
+    # each entity type's precision, recall and F1 by the standard convention (``type/<type>/recall``, ...)
+    by_type: dict[str, tuple[set, set]] = {}
+    for i, (g, p) in enumerate(zip(gold, predicted)):
+        for which, tags in ((0, g), (1, p)):
+            for kind, start, end in get_entities(list(tags)):
+                by_type.setdefault(kind, (set(), set()))[which].add((i, start, end))
+    for kind, (kind_true, kind_guessed) in sorted(by_type.items()):
+        metrics.update(_prf(f"type/{kind}", kind_true, kind_guessed, kind_true & kind_guessed))
     if words is None:
         return metrics
 
@@ -660,7 +668,7 @@ class TokenClassification(TaskType):
 
     name = "token_classification"
     metric_names = NER_METRICS
-    summary_metrics = ("surface/f1", "seen/f1", "unseen/f1")
+    summary_metrics = ("surface/f1", "seen/f1", "unseen/f1", "unseen/recall")
     per_token = True
     pipeline_tag = "token-classification"
     architecture = "ForTokenClassification"
@@ -727,6 +735,23 @@ class TokenClassification(TaskType):
                     if unseen else "."), ""]
         lines += markdown_table("entities", models, [
             (label, [f"{metrics[m].get(key, float('nan')):.4f}" for m in models]) for label, key in parts])
+        # recall, where a student that follows its teacher less far from the training data falls behind first
+        kinds = sorted({key.split("/")[1] for m in models for key in metrics[m]
+                        if key.startswith("type/") and key.endswith("/recall")})
+        recalls = [("all entities", "recall"), *([("unseen in training", "unseen/recall")] if unseen else []),
+                   *[(kind, f"type/{kind}/recall") for kind in kinds]]
+        reference = models[0]
+        rows = []
+        for label, key in recalls:
+            cells = []
+            for m in models:
+                value = metrics[m].get(key, float("nan"))
+                base = metrics[reference].get(key)
+                share = f" ({100 * value / base:.0f}%)" if m != reference and base else ""
+                cells.append(f"{value:.4f}{share}")
+            rows.append((label, cells))
+        lines += ["", f"Recall on dev by entity type (the standard scorer), in brackets the share of {reference}'s:", ""]
+        lines += markdown_table("recall", models, rows)
         return ["\n".join(lines)]
 
     def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
