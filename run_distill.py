@@ -361,6 +361,14 @@ def _task_recipe(name: str | None, teacher_layers: int | None = None) -> tuple[s
     return spec.type.recipe(spec, teacher_layers) if spec is not None else None
 
 
+def _teacher_as_is(task: str | None) -> bool:
+    """Whether the named task's type distils its teacher as given (a sentence encoder's), never fine-tuning it."""
+    from distill.tasks import TASKS
+
+    spec = TASKS.get(task or _default_task())
+    return bool(spec is not None and spec.type.teacher_as_is)
+
+
 # The heads of a checkpoint fine-tuned for a task (a teacher to distil as it is); any other is an encoder to fine-tune.
 TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
 
@@ -436,6 +444,8 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         overrides["output_dir"] = args.output_dir or f"runs/compress_{task}"
     if args.command in ("pipeline", "seeds", "compress") or (args.command == "distill" and args.stage == "task"):
         overrides.update({"teacher.model": args.teacher, "student.model": getattr(args, "student", None)})
+        if bare_encoder and _teacher_as_is(files.get("task.name") or args.task):
+            bare_encoder = ""  # a sentence encoder's task distils the encoder as it is
         if bare_encoder:  # a pre-trained encoder (--teacher mpnet, bert-base-uncased): fine-tuned here on the task
             overrides.update({"teacher.model": None, "teacher.base_model": args.teacher})
             print(f"teacher {args.teacher} has no task head ({bare_encoder}): fine-tuned on the task first "

@@ -67,9 +67,10 @@ def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) 
     config = load_config(name_or_path)
     order = check_teacher_config(config, spec, name_or_path, remap_labels)
     model, info = spec.type.model_class(spec).from_pretrained(resolve_model(name_or_path), output_loading_info=True)
-    if info["missing_keys"]:
+    missing = [key for key in info["missing_keys"] if not (spec.type.teacher_as_is and key.startswith("pooler."))]
+    if missing:
         raise ModelError(
-            f"teacher {name_or_path!r} lacks weights {sorted(info['missing_keys'])[:4]}: it is not fine-tuned. "
+            f"teacher {name_or_path!r} lacks weights {sorted(missing)[:4]}: it is not fine-tuned. "
             "Omit --teacher to fine-tune one, or give a fine-tuned checkpoint."
         )
     if order is not None:
@@ -89,6 +90,8 @@ def check_teacher_config(config, spec: TaskSpec, name: str, remap_labels: bool =
         ModelError: not a sequence classifier, another number of labels, or labels in another order.
     """
     architectures = config.architectures or []
+    if spec.type.teacher_as_is:  # used as the user deploys it: any encoder, no head or labels to check
+        return None
     if not any(a.endswith(spec.type.architecture) for a in architectures):
         raise ModelError(
             f"teacher {name!r} is not a fine-tuned {spec.type.description} (architectures: {architectures or 'none'}). "

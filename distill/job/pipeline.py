@@ -157,6 +157,7 @@ def teacher_stage(config: PipelineConfig, spec: TaskSpec, data: datasets.Dataset
         record_tuned(teacher, spec, metrics)
         teacher.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
+        spec.type.finish_folder(spec, teacher, folder, config.task.max_seq_length)  # e.g. sentence-transformers files
         mark_stage_done(folder, run_id, {"dev": metrics, "source": config.teacher.model, "device": str(device)})
 
     return on_main(folder, run_id, take_given_teacher)
@@ -619,6 +620,7 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     def finish() -> None:  # one process saves and scores the student; the others then read its record
         record_serving(student, spec, config.task.max_seq_length)  # how it is served as scored (a QA reader's windows)
         _save_student(folder, student, tokenizer)
+        spec.type.finish_folder(spec, student, folder, config.task.max_seq_length)  # e.g. sentence-transformers files
         metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
         logger.info("student dev metrics: %s", metrics)
         tuned = _ship_tuned(folder, student, spec, metrics)

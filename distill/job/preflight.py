@@ -84,6 +84,11 @@ def preflight(config: PipelineConfig) -> None:
         ConfigError: an unknown student preset or an impossible student shape; augmentation on for a task type that
             it would corrupt (question answering); unlabelled text a run cannot use (:func:`check_unlabelled`).
     """
+    kind = task_spec(config.task).type
+    if kind.teacher_as_is and config.teacher.model is None:
+        raise ConfigError(f"teacher.model: a {kind.description} task distils the encoder you deploy, as it is (it is "
+                          "not fine-tuned here): name it with --teacher (e.g. --teacher minilm, --teacher mpnet, or a "
+                          "sentence-transformers folder)")
     if config.augment.unlabelled and not config.augment.enabled:
         raise ConfigError("augment.unlabelled: its sentences join the augmented set, and augment.enabled is false; "
                           "set augment.enabled: true, or drop augment.unlabelled")

@@ -306,7 +306,7 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
     """
     student = rows[-1]
     on_hub = bool(spec.hub) and data is not None and data["kind"] in ("hub", "bundled")
-    card_data = ModelCardData(language="en", license=license, library_name="transformers", tags=TAGS,
+    card_data = ModelCardData(language="en", license=license, library_name=spec.type.library_name, tags=TAGS,
                               pipeline_tag=spec.type.pipeline_tag, base_model=hub_id(teacher),
                               datasets=[hub_dataset_id(spec)] if on_hub else None, model_name=name,
                               eval_results=_eval_results(spec, student["dev"], data))
@@ -316,7 +316,8 @@ def student_card(*, name: str, spec: TaskSpec, teacher: str | None, rows: list[d
     sections = [
         f"# {name}",
         f"A student distilled with tinydistill (TinyBERT-style knowledge distillation, Jiao et al., 2020) from the "
-        f"teacher `{public_name(teacher)}` on {spec.name}. It is a plain `transformers` checkpoint.",
+        f"teacher `{public_name(teacher)}` on {spec.name}. It is a plain `transformers` checkpoint"
+        + (" and a sentence-transformers folder." if spec.type.library_name == "sentence-transformers" else "."),
         "## Results (dev set)",
         _table(rows, metric_names, chance),
         *([f"`{REPORT}/...`: on the dev set's report half, the half of dev (by a hash of each example's text) on "

@@ -102,6 +102,7 @@ class TaskType:
     # metrics it adds beyond them (keys of compute_metrics with a "/") that the seeds summary shows over seeds too
     summary_metrics: tuple[str, ...] = ()
     pipeline_tag: str = ""  # the hub's pipeline tag of the model card, and the pipeline() task name
+    library_name: str = "transformers"  # the library the model card names (the hub's library_name)
     architecture: str = ""  # the end of a checkpoint's architecture name with this head, e.g. ForTokenClassification
     description: str = ""  # in words, for messages: "sequence classifier"
 
@@ -279,7 +280,14 @@ class TaskType:
     labels_are_classes: bool = True
 
     supports_augmentation: bool = True  # TinyBERT's word replacement keeps this type's labels true
+    # The teacher is used as the user deploys it (a sentence encoder): never fine-tuned, no head or labels to check,
+    # any checkpoint of an encoder read as its encoder.
+    teacher_as_is: bool = False
     augmentation_refusal: str = ""  # where it does not, what it would change, in words: "(answers and their offsets)"
+
+    def finish_folder(self, spec: TaskSpec, model, folder, max_seq_length: int) -> None:
+        """Write what else a saved model's folder needs beside its weights, config and tokenizer for the tools that
+        read it (a sentence encoder's sentence-transformers modules). This default: nothing."""
 
     def serving_config(self, spec: TaskSpec, max_seq_length: int) -> dict:
         """Entries a model of this type keeps in its ``config.json`` (and its ONNX record) so that it is served as it
@@ -528,6 +536,8 @@ def check_model_head(folder, spec: TaskSpec, role: str) -> None:
 
     config = AutoConfig.from_pretrained(folder)
     architectures = config.architectures or []
+    if spec.type.teacher_as_is:  # any encoder: no head or labels to check
+        return
     kind = spec.type if any(a.endswith(spec.type.architecture) for a in architectures) else \
         head_type(architectures, default=None)
     names = [str(config.id2label[i]) for i in sorted(config.id2label)] if config.id2label else []

@@ -1,0 +1,309 @@
+"""Sentence embeddings: a sentence-transformers encoder (all-MiniLM-L6-v2, all-mpnet-base-v2, ...) distilled into a
+smaller one that embeds sentences as it does, for semantic search, clustering and retrieval-augmented generation.
+
+The teacher is the encoder as the user deploys it, never fine-tuned here (``--teacher minilm``, ``mpnet``, a
+sentence-transformers folder or hub name); its output is a sentence's embedding: its last hidden states pooled over
+the sentence's real tokens (mean, the first token's or the maximum, ``task.options.pooling``, by default the mean, as
+the all-* models pool) and, with ``task.options.normalize`` (default true), divided by their L2 norm.
+
+Shapes: B sentences, T tokens, H hidden size. The type's outputs are the token embeddings, (B, T, H) per sentence
+(:attr:`per_token`: evaluation keeps each sentence's T_i rows), pooled where they are read:
+
+- **Prediction loss**: the student's pooled embedding against the teacher's. With the teacher's width, their mean
+  squared difference (Reimers and Gurevych, 2020, "Making Monolingual Sentence Embeddings Multilingual using Knowledge
+  Distillation", Eq. 1, where the student learns the teacher's embedding of each sentence); with another width, the
+  mean squared difference of the two batches' cosine-similarity matrices (every pair of sentences of the batch: the
+  student learns the teacher's geometry, which is what search and STS read, in its own space). Float32.
+- **Metrics**: on sentence pairs with a similarity score (STS-B), the Spearman and Pearson correlation of the cosine
+  similarity of the two sentences' embeddings with the gold score (Spearman first: the MTEB convention). Each pair's
+  two sentences are two rows of the tokenized set (:meth:`row_examples` says whose). :func:`retrieval_metrics` scores
+  queries against passages (MRR@10, recall@1).
+- **Chance**: 0, embeddings unrelated to the scores.
+- **What ships**: the student folder is a sentence-transformers folder too (``modules.json``, ``1_Pooling``,
+  ``2_Normalize``), so ``SentenceTransformer(path)`` loads it and encodes with the teacher's pooling.
+
+Named task: ``stsb_embedding``, STS-B's GLUE files (``--data-dir path/to/glue/STS-B``): the student learns from the
+training pairs' sentences (the scores are not read) and is scored on the dev pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+
+logger = logging.getLogger(__name__)
+
+EMBEDDING_METRICS = ("spearman", "pearson")  # Spearman first: the primary metric (MTEB's STS convention)
+POOLING_MODES = ("mean", "cls", "max")
+
+
+def pooling(spec: TaskSpec) -> tuple[str, bool]:
+    """The task's pooling mode and whether embeddings are L2-normalised (``task.options``: ``pooling``, default
+    "mean"; ``normalize``, default true).
+
+    Raises:
+        DataError: an unknown pooling mode.
+    """
+    mode = spec.options.get("pooling", "mean")
+    if mode not in POOLING_MODES:
+        raise DataError(f"task.options.pooling: must be {', '.join(POOLING_MODES)}, got {mode!r}")
+    return mode, bool(spec.options.get("normalize", True))
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str = "mean", normalize: bool = False) -> torch.Tensor:
+    """Sentence embeddings from token embeddings: (B, T, H) and a (B, T) mask (1 real, 0 padding) to (B, H) float32,
+    the mean over real tokens, the first token's, or the maximum over real tokens; L2-normalised with ``normalize``."""
+    hidden, weights = hidden.float(), mask.to(hidden.device).float().unsqueeze(-1)
+    if mode == "cls":
+        pooled = hidden[:, 0]
+    elif mode == "max":
+        pooled = hidden.masked_fill(weights == 0, torch.finfo(torch.float32).min).max(dim=1).values
+    else:
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    return F.normalize(pooled, dim=-1) if normalize else pooled
+
+
+def pool_rows(rows: list[np.ndarray], mode: str = "mean", normalize: bool = False) -> np.ndarray:
+    """:func:`pool` of per-sentence (T_i, H) arrays (padding removed): (N, H) float64."""
+    pooled = np.stack([row[0] if mode == "cls" else row.max(axis=0) if mode == "max" else row.mean(axis=0)
+                       for row in (np.asarray(r, dtype=np.float64) for r in rows)])
+    if normalize:
+        pooled = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+    return pooled
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two (N, H) arrays: (N,)."""
+    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
+    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
+    return (a * b).sum(axis=1)
+
+
+def similarity_metrics(first: np.ndarray, second: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """Spearman and Pearson correlation of the pairs' cosine similarities with their gold scores (0 where either is
+    constant, undefined)."""
+    from scipy.stats import pearsonr, spearmanr
+
+    similarity = cosine(first, second)
+    scores = np.asarray(scores, dtype=np.float64)
+    if len(scores) < 2 or np.ptp(similarity) == 0 or np.ptp(scores) == 0:
+        return {"spearman": 0.0, "pearson": 0.0}
+    return {"spearman": float(spearmanr(similarity, scores)[0]), "pearson": float(pearsonr(similarity, scores)[0])}
+
+
+def retrieval_metrics(queries: np.ndarray, passages: np.ndarray, gold: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Retrieval by cosine similarity: each query's passages ranked, scored by the rank of its gold passage.
+
+    Args:
+        queries: (Q, H) embeddings. passages: (P, H) embeddings. gold: (Q,) the index of each query's passage.
+        k: the cut-off of the reciprocal rank.
+
+    Returns:
+        ``mrr@{k}`` (mean over queries of 1 / rank of the gold passage, 0 past rank k) and ``recall@1`` (the share
+        of queries whose best passage is the gold one).
+    """
+    q = queries / np.clip(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12, None)
+    p = passages / np.clip(np.linalg.norm(passages, axis=1, keepdims=True), 1e-12, None)
+    similarity = q @ p.T
+    gold = np.asarray(gold)
+    # rank of the gold passage: 1 + the passages scoring strictly higher (ties counted in the query's favour)
+    ranks = 1 + (similarity > similarity[np.arange(len(gold)), gold][:, None]).sum(axis=1)
+    reciprocal = np.where(ranks <= k, 1.0 / ranks, 0.0)
+    return {f"mrr@{k}": float(reciprocal.mean()), "recall@1": float((ranks == 1).mean())}
+
+
+def read_pooling(folder) -> dict | None:
+    """A sentence-transformers folder's pooling: {"pooling": mode, "normalize": bool}, from ``modules.json`` and its
+    pooling module's ``config.json``; None for a folder that is not one."""
+    folder = Path(folder)
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    found = {"pooling": "mean", "normalize": any(m.get("type", "").endswith("Normalize") for m in modules)}
+    for module in modules:
+        if module.get("type", "").endswith("Pooling"):
+            config = json.loads((folder / module["path"] / "config.json").read_text(encoding="utf-8"))
+            found["pooling"] = ("cls" if config.get("pooling_mode_cls_token") else
+                                "max" if config.get("pooling_mode_max_tokens") else "mean")
+    return found
+
+
+def write_sentence_transformers(folder: Path, hidden_size: int, mode: str, normalize: bool,
+                                max_seq_length: int) -> None:
+    """Make a saved encoder folder a sentence-transformers one: ``modules.json`` (the encoder, its pooling and the
+    normalisation), ``1_Pooling/config.json``, ``2_Normalize`` and ``sentence_bert_config.json``."""
+    folder = Path(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": hidden_size, "pooling_mode_cls_token": mode == "cls",
+        "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": mode == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False}, indent=2), encoding="utf-8")
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                                  "do_lower_case": False}, indent=2),
+                                                      encoding="utf-8")
+
+
+class EmbeddingCollator:
+    """Pad tokenized sentences into a batch: inputs by the tokenizer, cached ``teacher_logits`` (the teacher's token
+    embeddings, (T_i, H)) with zeros past each sentence (the pooling never reads them); the rows' ``labels`` (which
+    pair and score a sentence belongs to) are not batched: no loss reads them."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        teacher = [f.get("teacher_logits") for f in features]
+        inputs = [{k: v for k, v in f.items() if k not in ("labels", "teacher_logits")} for f in features]
+        batch = dict(self.tokenizer.pad(inputs, return_tensors="pt"))
+        if teacher[0] is not None:
+            batch["teacher_logits"] = pad_rows(teacher, batch["input_ids"].shape[1], 0.0, torch.float32,
+                                               self.tokenizer.padding_side == "left")
+        return batch
+
+
+class SentenceEmbedding(TaskType):
+    """A sentence encoder distilled on sentences (see the module's docstring)."""
+
+    name = "sentence_embedding"
+    metric_names = EMBEDDING_METRICS
+    per_token = True
+    pipeline_tag = "sentence-similarity"
+    library_name = "sentence-transformers"
+    architecture = "Model"  # a bare encoder (BertModel, MPNetModel); a teacher saved with another head (all-mpnet-base-v2
+    # is a masked LM) is read as its encoder (teacher_as_is)
+    description = "sentence encoder"
+    labels_are_classes = False
+    teacher_as_is = True  # the teacher is the encoder users deploy: it is never fine-tuned here
+
+    def model_class(self, spec):
+        from transformers import AutoModel
+
+        return AutoModel
+
+    def head_config(self, spec):
+        return {}
+
+    def logits(self, outputs):
+        return getattr(outputs, "last_hidden_state", None)
+
+    def read_split(self, path, spec):
+        from distill.tasks.sequence_classification import read_glue_tsv
+
+        return read_glue_tsv(Path(path), spec)
+
+    def tokenize(self, dataset, tokenizer, spec, max_seq_length):
+        """One row a sentence: a pair's two sentences are two rows, each with ``labels`` {"example": the pair's
+        index, "score": its gold score (NaN where it has none)}."""
+        columns = [c for c in spec.text_columns if c in dataset.column_names]
+        texts, labels = [], []
+        scores = dataset["label"] if "label" in dataset.column_names else [float("nan")] * len(dataset)
+        for index, row in enumerate(dataset.select_columns(columns)):
+            for column in columns:
+                if not row[column]:  # an unlabelled sentence fills the first column alone
+                    continue
+                texts.append(row[column])
+                score = scores[index]
+                labels.append({"example": index, "score": float(score) if isinstance(score, (int, float)) else
+                               float("nan")})
+        encoded = tokenizer(texts, truncation=True, max_length=max_seq_length)
+        return datasets.Dataset.from_dict({**{k: v for k, v in encoded.items()}, "labels": labels})
+
+    def collator(self, tokenizer):
+        return EmbeddingCollator(tokenizer)
+
+    def row_examples(self, labels):
+        return [label["example"] for label in labels]
+
+    def compute_metrics(self, spec, outputs, labels, context=None):
+        mode, normalize = pooling(spec)
+        embeddings = pool_rows(outputs, mode, normalize)
+        examples = self.row_examples(labels)
+        pairs: dict[int, list[int]] = {}
+        for row, example in enumerate(examples):
+            pairs.setdefault(example, []).append(row)
+        complete = [rows for rows in pairs.values() if len(rows) == 2]
+        if not complete:
+            raise DataError(f"task {spec.name}: scoring embeddings needs sentence pairs with a score (two text "
+                            "columns), as STS-B's dev file has")
+        first = embeddings[[rows[0] for rows in complete]]
+        second = embeddings[[rows[1] for rows in complete]]
+        scores = np.array([labels[rows[0]]["score"] for rows in complete])
+        metrics = similarity_metrics(first, second, scores)
+        return {name: metrics[name] for name in spec.metrics}
+
+    def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
+                        hard_label_weight):
+        mode, normalize = pooling(spec)
+        mask = batch["attention_mask"]
+        student, teacher = pool(student_logits, mask, mode, normalize), pool(teacher_logits, mask, mode, normalize)
+        with torch.autocast(student.device.type, enabled=False):
+            if student.shape[-1] == teacher.shape[-1]:
+                return F.mse_loss(student, teacher)
+            # another width: the batch's cosine-similarity matrices (every pair of its sentences)
+            ours = F.normalize(student, dim=-1) @ F.normalize(student, dim=-1).T
+            theirs = F.normalize(teacher, dim=-1) @ F.normalize(teacher, dim=-1).T
+            return F.mse_loss(ours, theirs)
+
+    def prediction_inputs_differ(self, spec, student_logits, teacher_logits, batch):
+        mask = batch["attention_mask"].bool()
+        if student_logits.shape[-1] != teacher_logits.shape[-1]:
+            return torch.ones((), dtype=torch.bool, device=student_logits.device)
+        return (student_logits.float() != teacher_logits.float())[mask].any()
+
+    def uses_temperature(self, spec):
+        return False
+
+    def chance(self, spec, dev_labels=None):
+        return {"metric": spec.metrics[0], "value": 0.0, "basis": "embeddings unrelated to the scores"}
+
+    def same_prediction(self, outputs, reference, spec, labels=None):
+        """The same sentence embedding to a cosine of 0.999 for each sentence."""
+        mode, normalize = pooling(spec)
+        return cosine(pool_rows(outputs, mode, normalize), pool_rows(reference, mode, normalize)) >= 0.999
+
+    def describe_labels(self, spec):
+        return "a similarity score per pair (not read in training: the teacher's embeddings are the targets)"
+
+    def serving_config(self, spec, max_seq_length):
+        mode, normalize = pooling(spec)
+        return {"sentence_embedding": {"pooling": mode, "normalize": normalize, "max_seq_length": max_seq_length}}
+
+    def finish_folder(self, spec, model, folder, max_seq_length):
+        mode, normalize = pooling(spec)
+        write_sentence_transformers(folder, model.config.hidden_size, mode, normalize, max_seq_length)
+
+    def recipe(self, spec, teacher_layers=None):
+        return "embedding_minilm.yaml", "the recipe for sentence embeddings"
+
+    def usage(self, model, spec=None):
+        return ('from sentence_transformers import SentenceTransformer\n\n'
+                f'encoder = SentenceTransformer("{model}")  # a sentence-transformers folder: the teacher\'s pooling\n'
+                'embeddings = encoder.encode(["A man is playing a guitar.", "A person plays an instrument."])\n'
+                'print(encoder.similarity(embeddings[0], embeddings[1]))')
+
+    def unlabelled_rows(self, spec, texts):
+        return {spec.text_columns[0]: list(texts), **({spec.text_columns[1]: [""] * len(texts)}
+                                                      if len(spec.text_columns) > 1 else {}),
+                "label": [float("nan")] * len(texts)}
+
+
+STSB_EMBEDDING = TaskSpec("stsb_embedding", ("sentence1", "sentence2"), "score", (), EMBEDDING_METRICS, hub=("glue", "stsb"),
+                          task_type=SentenceEmbedding.name, options={"pooling": "mean", "normalize": True})
+
+SENTENCE_EMBEDDING = register_task_type(SentenceEmbedding())
+register_task(STSB_EMBEDDING)

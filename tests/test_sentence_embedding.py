@@ -1,0 +1,141 @@
+"""Sentence embeddings (distill/tasks/sentence_embedding.py): pooling as sentence-transformers pools, read from the
+teacher's folder; the embedding term by hand; the two metrics on planted embeddings; a tiny sentence encoder distilled
+end to end into a folder that SentenceTransformer loads and encodes with as the report scored it."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from distill.tasks import get_task
+from distill.tasks.sentence_embedding import (cosine, pool, pool_rows, read_pooling, retrieval_metrics,
+                                              similarity_metrics, write_sentence_transformers)
+
+SPEC = get_task("stsb_embedding")
+
+
+def test_pooling_is_over_real_tokens_as_sentence_transformers_pools():
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]], [[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    torch.testing.assert_close(pool(hidden, mask, "mean"), torch.tensor([[2.0, 3.0], [7.0, 8.0]]))
+    torch.testing.assert_close(pool(hidden, mask, "cls"), torch.tensor([[1.0, 2.0], [5.0, 6.0]]))
+    torch.testing.assert_close(pool(hidden, mask, "max"), torch.tensor([[3.0, 4.0], [9.0, 10.0]]))  # padding not max
+    normalized = pool(hidden, mask, "mean", normalize=True)
+    torch.testing.assert_close(normalized.norm(dim=-1), torch.ones(2))
+    rows = [hidden[0, :2].numpy(), hidden[1].numpy()]  # padding removed, as evaluation keeps them
+    np.testing.assert_allclose(pool_rows(rows, "mean"), pool(hidden, mask, "mean").numpy())
+
+
+def test_the_pooling_is_read_from_a_sentence_transformers_folder(tmp_path):
+    from teachers.models import resolve_model
+
+    assert read_pooling(resolve_model("minilm")) == {"pooling": "mean", "normalize": True}  # all-MiniLM-L6-v2's own
+    write_sentence_transformers(tmp_path, 16, "cls", False, 64)
+    assert read_pooling(tmp_path) == {"pooling": "cls", "normalize": False}
+    assert json.loads((tmp_path / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
+    assert read_pooling(tmp_path / "nowhere") is None
+
+
+def test_similarity_metrics_are_the_correlations_of_the_pairs_cosines_with_the_scores():
+    first = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    angles = np.array([0.0, 0.5, 1.0, 1.5])  # cosine falls as the angle grows
+    second = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    metrics = similarity_metrics(first, second, np.array([5.0, 3.0, 2.0, 0.0]))
+    assert metrics["spearman"] == pytest.approx(1.0)
+    assert metrics["pearson"] == pytest.approx(np.corrcoef(np.cos(angles), [5.0, 3.0, 2.0, 0.0])[0, 1])
+    assert similarity_metrics(first, first, np.array([1.0, 2.0, 3.0, 4.0])) == {"spearman": 0.0, "pearson": 0.0}
+
+
+def test_retrieval_is_scored_by_the_rank_of_each_querys_passage():
+    passages = np.eye(4)
+    queries = np.array([[1.0, 0.0, 0.0, 0.0],      # its passage first
+                        [0.9, 0.5, 0.0, 0.0],      # passage 0 first, its own (1) second
+                        [0.1, 0.2, 0.0, 1.0]])     # passages 3, 1, 0 first, its own (2) last of 4
+    metrics = retrieval_metrics(queries, passages, np.array([0, 1, 2]), k=3)
+    assert metrics["recall@1"] == pytest.approx(1 / 3)
+    assert metrics["mrr@3"] == pytest.approx((1 + 1 / 2 + 0) / 3)  # rank 4 is past the cut-off
+
+
+def test_the_embedding_term_is_the_mse_of_pooled_embeddings_or_of_their_similarities_across_widths():
+    kind = SPEC.type
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    generator = torch.Generator().manual_seed(0)
+    teacher = torch.randn(3, 3, 8, generator=generator)
+    student = torch.randn(3, 3, 8, generator=generator)
+    batch = {"attention_mask": mask}
+    loss = kind.prediction_loss(SPEC, student, teacher, batch, temperature=1.0, temperature_squared=False,
+                                hard_label_weight=0.0)
+    expected = ((pool(student, mask, normalize=True) - pool(teacher, mask, normalize=True)) ** 2).mean()
+    torch.testing.assert_close(loss, expected)
+    # a student of another width with the teacher's geometry (its embeddings a rotation of the teacher's, padded with
+    # zeros to 12 dimensions) loses nothing; one without it does
+    rotation = torch.linalg.qr(torch.randn(8, 8, generator=generator))[0]
+    same_geometry = torch.cat([teacher @ rotation, torch.zeros(3, 3, 4)], dim=-1)
+    assert kind.prediction_loss(SPEC, same_geometry, teacher, batch, temperature=1.0, temperature_squared=False,
+                                hard_label_weight=0.0) < 1e-10
+    other = torch.randn(3, 3, 12, generator=generator)
+    assert kind.prediction_loss(SPEC, other, teacher, batch, temperature=1.0, temperature_squared=False,
+                                hard_label_weight=0.0) > 1e-3
+
+
+def test_scoring_pairs_two_rows_an_example_with_the_halves_following_the_pairs():
+    from distill.tasks.split import HalfScorer
+    from distill.tasks.evaluate import compute_metrics
+    import datasets
+
+    kind = SPEC.type
+    labels = [{"example": i // 2, "score": float(i // 2)} for i in range(8)]  # 4 pairs, scores 0..3
+    rows = []
+    for pair in range(4):  # the first sentence along x, the second at an angle that grows as the score falls
+        angle = (3 - pair) * 0.4
+        rows += [np.array([[1.0, 0.0]]), np.array([[np.cos(angle), np.sin(angle)]])]
+    metrics = kind.compute_metrics(SPEC, rows, labels)
+    assert metrics["spearman"] == pytest.approx(1.0)
+    assert kind.row_examples(labels) == [0, 0, 1, 1, 2, 2, 3, 3]
+    data = datasets.DatasetDict({"dev": datasets.Dataset.from_dict(
+        {"sentence1": [f"a {i}" for i in range(4)], "sentence2": [f"b {i}" for i in range(4)],
+         "label": [0.0, 1.0, 2.0, 3.0]})})
+    scorer = HalfScorer(SPEC, data, "dev", labels, None, 32)
+    assert sum(len(rows) for rows in scorer.rows.values()) == 8
+    assert all(len(rows) % 2 == 0 for rows in scorer.rows.values())  # a pair's two rows fall in one half
+    assert cosine(np.array([[1.0, 0.0]]), np.array([[0.0, 2.0]]))[0] == pytest.approx(0.0)
+    assert compute_metrics  # the evaluation entry the pipeline calls
+
+
+@pytest.mark.slow
+def test_a_sentence_encoder_distils_into_a_folder_sentence_transformers_loads(tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import BertModel, BertTokenizer
+
+    from distill.config import load_config
+    from distill.job.pipeline import run_pipeline
+    from tests.conftest import SPECIAL, WORDS, tiny_bert_config, tiny_job
+    from tests.glue_fixtures import write_glue_folder
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    torch.manual_seed(0)
+    teacher = BertModel(tiny_bert_config(num_hidden_layers=4), add_pooling_layer=False).eval()
+    data = write_glue_folder(tmp_path, "stsb")
+    path = tiny_job(tmp_path, teacher, tokenizer, task={"name": "stsb_embedding", "data_dir": str(data)},
+                    student={"preset": "teacher-half", "init": "teacher", "num_hidden_layers": None,
+                             "hidden_size": None, "intermediate_size": None, "num_attention_heads": None},
+                    export={"onnx": False})
+    write_sentence_transformers(tmp_path / "teacher_model", 32, "mean", True, 32)  # the teacher is an ST folder
+    report = run_pipeline(load_config(path))
+    out = tmp_path / "run"
+    student = report["models"]["student"]["dev"]
+    assert {"spearman", "pearson", "report/spearman", "tuning/spearman"} <= set(student)
+    encoder = SentenceTransformer(str(out / "student"), device="cpu")
+    assert encoder.get_sentence_embedding_dimension() == 32
+    texts = ["the movie was good", "a bad film"]
+    found = encoder.encode(texts, convert_to_tensor=True)
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(out / "student").eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = pool(model(**batch).last_hidden_state, batch["attention_mask"], "mean", normalize=True)
+    torch.testing.assert_close(found.float(), expected, rtol=1e-4, atol=1e-5)  # the pooling the report scored with
+    card = (out / "student" / "README.md").read_text()
+    assert "SentenceTransformer(" in card and "pipeline_tag: sentence-similarity" in card
