@@ -679,11 +679,12 @@ def test_the_dry_run_refuses_a_squad_file_the_run_would_refuse(tmp_path, capsys)
 
 @pytest.mark.parametrize("task, augmented", [("sst2", True), ("wnut_17", True), ("squad", False)])
 def test_the_smoke_config_augments_where_the_task_type_allows(task, augmented, tmp_path):
-    """`augment.enabled: auto` (configs/smoke.yaml): resolved when the config is read, so the QA smoke run passes the
-    checks an explicit `true` fails, and the stages see a plain true or false."""
-    from distill.job.preflight import preflight
+    """`augment.enabled: auto` (configs/smoke.yaml): resolved when the job prepares the config it read (every entry
+    of the job does, first), so the QA smoke run passes the checks an explicit `true` fails, and the stages see a
+    plain true or false."""
+    from distill.job.preflight import preflight, prepare
 
-    config = load_config("smoke.yaml", {"task.name": task, "output_dir": str(tmp_path / "run")})
+    config = prepare(load_config("smoke.yaml", {"task.name": task, "output_dir": str(tmp_path / "run")}))
     assert config.augment.enabled is augmented
     preflight(config)
     with pytest.raises(ConfigError, match=r"augment.enabled: must be true, false or auto, got 'sometimes'"):
