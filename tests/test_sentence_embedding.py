@@ -139,3 +139,25 @@ def test_a_sentence_encoder_distils_into_a_folder_sentence_transformers_loads(tm
     torch.testing.assert_close(found.float(), expected, rtol=1e-4, atol=1e-5)  # the pooling the report scored with
     card = (out / "student" / "README.md").read_text()
     assert "SentenceTransformer(" in card and "pipeline_tag: sentence-similarity" in card
+
+
+def test_your_own_sentences_and_scored_pairs_make_a_task(tmp_path):
+    from distill.config import TaskConfig
+    from distill.tasks.data import load_task_data, task_spec
+
+    (tmp_path / "sentences.txt").write_text("A man plays a guitar.\n\nA cat sleeps.\n", encoding="utf-8")
+    (tmp_path / "pairs.tsv").write_text("sentence1\tsentence2\tscore\na man\ta person\t4.5\na cat\ta car\t0.5\n",
+                                        encoding="utf-8")
+    config = TaskConfig(name="mine", task_type="sentence_embedding", train_file=str(tmp_path / "sentences.txt"),
+                        dev_file=str(tmp_path / "pairs.tsv"))
+    spec = task_spec(config)
+    data = load_task_data(config, spec)
+    assert data["train"]["sentence1"] == ["A man plays a guitar.", "A cat sleeps."]  # blank lines left out
+    assert data["dev"]["label"] == [4.5, 0.5]
+    from transformers import BertTokenizer
+
+    from tests.conftest import SPECIAL, WORDS
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    assert len(spec.type.tokenize(data["train"], tokenizer, spec, 16)) == 2  # one row a sentence, no empty rows
+    assert len(spec.type.tokenize(data["dev"], tokenizer, spec, 16)) == 4  # a pair's two sentences

@@ -206,6 +206,48 @@ class SentenceEmbedding(TaskType):
 
         return read_glue_tsv(Path(path), spec)
 
+    def user_spec(self, config):
+        """A task of your own files: ``task.train_file`` the sentences the student learns from (a ``.txt`` file of
+        one sentence a line, or a table's text column(s)), ``task.dev_file`` a table of sentence pairs and their
+        similarity score (``task.text_columns``, default [sentence1, sentence2]; ``task.label_column``, default
+        score) it is scored on."""
+        if not config.dev_file:
+            raise DataError("task.dev_file: a sentence-embedding task of your own files needs a dev file of sentence "
+                            "pairs with a similarity score to score teacher and student on")
+        columns = tuple(config.text_columns or ("sentence1", "sentence2"))
+        if len(columns) != 2:
+            raise DataError(f"task.text_columns: the dev file's two sentence columns, got {list(columns)}")
+        metrics = tuple(config.metrics or EMBEDDING_METRICS)
+        if not set(metrics) <= set(EMBEDDING_METRICS):
+            raise DataError(f"task.metrics: sentence embeddings score {', '.join(EMBEDDING_METRICS)}; got "
+                            f"{list(metrics)}")
+        label = config.label_column if config.label_column != "label" else "score"
+        return TaskSpec(config.name, columns, label, (), metrics, hub=None, dev_file=config.dev_file,
+                        train_file=config.train_file, task_type=self.name,
+                        options={"pooling": "mean", "normalize": True, **config.options})
+
+    def read_user_split(self, path, spec, split="train"):
+        from distill.tasks.files import DEV_SPLITS, read_table, require_columns
+
+        if split == "train" and Path(path).suffix == ".txt":  # one sentence a line
+            try:
+                lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+            except (OSError, UnicodeDecodeError) as error:
+                raise DataError(f"{path}: cannot read it as UTF-8 text ({error}); one sentence a line") from None
+            sentences = [line for line in lines if line]
+            if not sentences:
+                raise DataError(f"{path}: no sentence; give one sentence a line")
+            return datasets.Dataset.from_dict({spec.text_columns[0]: sentences,
+                                               spec.text_columns[1]: [""] * len(sentences),
+                                               "label": [float("nan")] * len(sentences)})
+        table = read_table(path, split="train" if split == "train" else DEV_SPLITS, text_columns=spec.text_columns)
+        needed = [*spec.text_columns, *([spec.label_column] if split != "train" else [])]
+        require_columns(table, needed, path)
+        scores = ([float(v) for v in table[spec.label_column]] if spec.label_column in table.column_names
+                  else [float("nan")] * len(table))
+        return datasets.Dataset.from_dict({**{c: [str(t or "") for t in table[c]] for c in spec.text_columns},
+                                           "label": scores})
+
     def tokenize(self, dataset, tokenizer, spec, max_seq_length):
         """One row a sentence: a pair's two sentences are two rows, each with ``labels`` {"example": the pair's
         index, "score": its gold score (NaN where it has none)}."""
