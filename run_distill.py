@@ -95,8 +95,8 @@ def _files_task(args: argparse.Namespace, config_file: str | None) -> tuple[dict
     given = set_overrides(args.set)
     if config_file is not None:  # the config's own task settings stand; the files fill in what it leaves unset
         task = load_config(config_file, given).task
-        if task.task_type is not None and task.text_columns:
-            return overrides, None
+        if task.task_type is not None:  # the type is named: its own defaults read the files
+            return {**overrides, "task.name": args.task or given.get("task.name") or task.name}, None
     inferred = infer_task(train, args.text_columns or None, args.label_column)
     overrides.update({key: value for key, value in inferred.items() if key not in given})
     overrides["task.name"] = args.task or given.get("task.name") or task_name(train)
@@ -361,10 +361,13 @@ def _task_recipe(name: str | None, teacher_layers: int | None = None) -> tuple[s
     return spec.type.recipe(spec, teacher_layers) if spec is not None else None
 
 
-def _teacher_as_is(task: str | None) -> bool:
-    """Whether the named task's type distils its teacher as given (a sentence encoder's), never fine-tuning it."""
-    from distill.tasks import TASKS
+def _teacher_as_is(task: str | None, task_type: str | None = None) -> bool:
+    """Whether the task's type (``task_type`` when given, else the named task's) distils its teacher as given (a
+    sentence encoder's), never fine-tuning it."""
+    from distill.tasks import TASK_TYPES, TASKS
 
+    if task_type in TASK_TYPES:
+        return TASK_TYPES[task_type].teacher_as_is
     spec = TASKS.get(task or _default_task())
     return bool(spec is not None and spec.type.teacher_as_is)
 
@@ -444,7 +447,12 @@ def main(argv: list[str] | None = None, prog: str = "run_distill.py") -> int:
         overrides["output_dir"] = args.output_dir or f"runs/compress_{task}"
     if args.command in ("pipeline", "seeds", "compress") or (args.command == "distill" and args.stage == "task"):
         overrides.update({"teacher.model": args.teacher, "student.model": getattr(args, "student", None)})
-        if bare_encoder and _teacher_as_is(files.get("task.name") or args.task):
+        named_type = files.get("task.task_type") or set_overrides(args.set).get("task.task_type")
+        if bare_encoder and args.config is not None and not named_type:
+            from distill.config import load_config
+
+            named_type = load_config(config_file).task.task_type
+        if bare_encoder and _teacher_as_is(files.get("task.name") or args.task, named_type):
             bare_encoder = ""  # a sentence encoder's task distils the encoder as it is
         if bare_encoder:  # a pre-trained encoder (--teacher mpnet, bert-base-uncased): fine-tuned here on the task
             overrides.update({"teacher.model": None, "teacher.base_model": args.teacher})
