@@ -161,3 +161,22 @@ def test_your_own_sentences_and_scored_pairs_make_a_task(tmp_path):
     tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
     assert len(spec.type.tokenize(data["train"], tokenizer, spec, 16)) == 2  # one row a sentence, no empty rows
     assert len(spec.type.tokenize(data["dev"], tokenizer, spec, 16)) == 4  # a pair's two sentences
+
+
+def test_retrieval_scores_each_question_against_the_passages_of_the_set(tmp_path):
+    from distill.config import TaskConfig
+    from distill.tasks.data import load_task_data
+    from tests.test_question_answering import write_squad
+
+    spec = get_task("squad_retrieval")
+    write_squad(tmp_path / "train.json")
+    write_squad(tmp_path / "dev.json")
+    dev = load_task_data(TaskConfig(name="squad_retrieval", data_dir=str(tmp_path)), spec)["dev"]
+    assert set(dev.column_names) == {"question", "context", "label"}  # the label: the paragraph's index
+    # three questions, two of the first paragraph, one of the second; each question's embedding near its paragraph's
+    labels = [{"example": e, "score": p} for e, p in ((0, 0.0), (0, 0.0), (1, 0.0), (1, 0.0), (2, 1.0), (2, 1.0))]
+    rows = [np.array([[1.0, 0.1]]), np.array([[1.0, 0.0]]),     # question 0, paragraph 0
+            np.array([[0.2, 1.0]]), np.array([[1.0, 0.0]]),     # question 1 points at paragraph 1: rank 2
+            np.array([[0.0, 1.0]]), np.array([[0.0, 1.0]])]     # question 2, paragraph 1
+    metrics = spec.type.compute_metrics(spec, rows, labels)
+    assert metrics == {"mrr@10": pytest.approx((1 + 0.5 + 1) / 3), "recall@1": pytest.approx(2 / 3)}

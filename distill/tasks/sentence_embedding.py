@@ -22,8 +22,10 @@ Shapes: B sentences, T tokens, H hidden size. The type's outputs are the token e
 - **What ships**: the student folder is a sentence-transformers folder too (``modules.json``, ``1_Pooling``,
   ``2_Normalize``), so ``SentenceTransformer(path)`` loads it and encodes with the teacher's pooling.
 
-Named task: ``stsb_embedding``, STS-B's GLUE files (``--data-dir path/to/glue/STS-B``): the student learns from the
-training pairs' sentences (the scores are not read) and is scored on the dev pairs.
+Named tasks: ``stsb_embedding``, STS-B's GLUE files (``--data-dir path/to/glue/STS-B``): the student learns from the
+training pairs' sentences (the scores are not read) and is scored on the dev pairs; ``squad_retrieval``, SQuAD v1.1's
+JSON files (``--data-dir path/to/squad-v1.1``): the student learns from the training questions and paragraphs and is
+scored by retrieval, each dev question against the dev paragraphs (MRR@10, recall@1).
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register
 logger = logging.getLogger(__name__)
 
 EMBEDDING_METRICS = ("spearman", "pearson")  # Spearman first: the primary metric (MTEB's STS convention)
+RETRIEVAL_METRICS = ("mrr@10", "recall@1")  # a question against the passages: MRR@10 first
 POOLING_MODES = ("mean", "cls", "max")
+
+
+def _retrieval(spec: TaskSpec) -> bool:
+    """Whether the task scores retrieval (a question against passages) rather than scored pairs."""
+    return spec.metrics[0] in RETRIEVAL_METRICS
 
 
 def pooling(spec: TaskSpec) -> tuple[str, bool]:
@@ -180,7 +188,7 @@ class SentenceEmbedding(TaskType):
     """A sentence encoder distilled on sentences (see the module's docstring)."""
 
     name = "sentence_embedding"
-    metric_names = EMBEDDING_METRICS
+    metric_names = EMBEDDING_METRICS + RETRIEVAL_METRICS
     per_token = True
     pipeline_tag = "sentence-similarity"
     library_name = "sentence-transformers"
@@ -202,6 +210,14 @@ class SentenceEmbedding(TaskType):
         return getattr(outputs, "last_hidden_state", None)
 
     def read_split(self, path, spec):
+        if _retrieval(spec):  # SQuAD's JSON: a question and its paragraph, the paragraph's index as the label
+            from distill.tasks.question_answering import read_squad
+
+            rows = read_squad(path)
+            passages: dict[str, int] = {}
+            ids = [passages.setdefault(context, len(passages)) for context in rows["context"]]
+            return datasets.Dataset.from_dict({"question": rows["question"], "context": rows["context"],
+                                               "label": [float(i) for i in ids]})
         from distill.tasks.sequence_classification import read_glue_tsv
 
         return read_glue_tsv(Path(path), spec)
@@ -279,6 +295,15 @@ class SentenceEmbedding(TaskType):
         for row, example in enumerate(examples):
             pairs.setdefault(example, []).append(row)
         complete = [rows for rows in pairs.values() if len(rows) == 2]
+        if _retrieval(spec):  # each question against every passage of these examples
+            corpus: dict[float, int] = {}
+            for rows in complete:
+                corpus.setdefault(labels[rows[0]]["score"], rows[1])  # a passage once, its first row's embedding
+            order = {passage: i for i, passage in enumerate(corpus)}
+            queries = embeddings[[rows[0] for rows in complete]]
+            gold = np.array([order[labels[rows[0]]["score"]] for rows in complete])
+            metrics = retrieval_metrics(queries, embeddings[list(corpus.values())], gold)
+            return {name: metrics[name] for name in spec.metrics}
         if not complete:
             raise DataError(f"task {spec.name}: scoring embeddings needs sentence pairs with a score (two text "
                             "columns), as STS-B's dev file has")
@@ -344,8 +369,12 @@ class SentenceEmbedding(TaskType):
                 "label": [float("nan")] * len(texts)}
 
 
+SQUAD_RETRIEVAL = TaskSpec("squad_retrieval", ("question", "context"), "answers", (), RETRIEVAL_METRICS, hub=("squad",),
+                           train_file="train.json", dev_file="dev.json", task_type="sentence_embedding",
+                           options={"pooling": "mean", "normalize": True})
 STSB_EMBEDDING = TaskSpec("stsb_embedding", ("sentence1", "sentence2"), "score", (), EMBEDDING_METRICS, hub=("glue", "stsb"),
                           task_type=SentenceEmbedding.name, options={"pooling": "mean", "normalize": True})
 
 SENTENCE_EMBEDDING = register_task_type(SentenceEmbedding())
 register_task(STSB_EMBEDDING)
+register_task(SQUAD_RETRIEVAL)
