@@ -158,10 +158,18 @@ class TeacherConfig:
     # distillation steps can see more examples than the teacher was fine-tuned on: labelling one costs the teacher a
     # forward pass, fine-tuning on it a forward and a backward pass per epoch. On an accelerator it is dropped.
     max_train_examples_cpu: int | None = None
+    # Fine-tune this many times (seeds train.seed, +1, ...) and keep the teacher best on the dev set's tuning half, as
+    # BERT's paper does where fine-tuning is unstable on a small set (Devlin et al., 2019, §4.1); only when the teacher
+    # learns from fewer than restarts_below examples (null: whatever the size).
+    restarts: int = 1
+    restarts_below: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_train_examples_cpu is None or self.max_train_examples_cpu > 0, "max_train_examples_cpu",
                f"must be > 0 or null, got {self.max_train_examples_cpu}")
+        _check(self.restarts >= 1, "restarts", f"must be >= 1, got {self.restarts}")
+        _check(self.restarts_below is None or self.restarts_below > 0, "restarts_below",
+               f"must be > 0 or null, got {self.restarts_below}")
         _check(self.eval_steps is None or self.eval_steps > 0, "eval_steps",
                f"must be > 0 or null (score at each epoch's end), got {self.eval_steps}")
 
@@ -779,7 +787,7 @@ def _get(data: dict, dotted: str) -> Any:
 ADDED_SETTINGS = {"group_by_length": False, "task_type": None, "replace_entities": False,
                   "max_train_examples_cpu": None, "teacher_cache": None, "max_mlm_words": None, "unlabelled": [],
                   "pruning": {"num_examples": 1024, "layers": "layer_map", "importance": "activation"}, "options": {},
-                  "stages": [], "unlabelled_ranked": None}
+                  "stages": [], "unlabelled_ranked": None, "restarts": 1, "restarts_below": None}
 
 
 def _added_default(key: Any, value: Any) -> bool:

@@ -93,7 +93,65 @@ def check_teacher_quality(metrics: dict, spec: TaskSpec, minimum: float | None, 
         )
 
 
+def restarts_for(config: TeacherConfig, num_examples: int) -> int:
+    """How many times the teacher is fine-tuned: ``teacher.restarts`` when it learns from fewer than
+    ``teacher.restarts_below`` examples (or that is null), else once."""
+    small = config.restarts_below is None or num_examples < config.restarts_below
+    return config.restarts if small else 1
+
+
 def finetune_teacher(
+    config: TeacherConfig, task: TaskConfig, spec: TaskSpec, data: datasets.DatasetDict, stage_dir: Path, run_id: str,
+    *, device: torch.device,
+) -> dict:
+    """Fine-tune the teacher (:func:`fine_tune_once`), or with restarts (:func:`restarts_for` above 1) fine-tune it
+    that many times in ``stage_dir/restart-N`` with seeds ``train.seed``, +1, ..., keep the one best on the dev set's
+    tuning half (its files moved into ``stage_dir``, the others' weights removed) and record every restart's scores
+    (``restarts``: [{"seed", "dev"}], ``kept``: the seed kept). Each restart resumes and is reused like a stage.
+    Arguments, return and errors: as :func:`fine_tune_once`."""
+    count = len(data["train"]) if config.max_train_examples_cpu is None or torch.device(device).type != "cpu" else \
+        min(config.max_train_examples_cpu, len(data["train"]))
+    restarts = restarts_for(config, count)
+    if restarts == 1:
+        return fine_tune_once(config, task, spec, data, stage_dir, run_id, device=device)
+    import dataclasses
+
+    from distill.config import fingerprint
+    from distill.method.checkpoint import finished_or_superseded
+
+    records = []
+    for number in range(restarts):
+        seed = config.train.seed + number
+        folder, sub_id = stage_dir / f"restart-{number + 1}", fingerprint(run_id, "restart", seed)
+        once = dataclasses.replace(config, restarts=1, train=dataclasses.replace(config.train, seed=seed))
+        record = finished_or_superseded(folder, sub_id) or fine_tune_once(once, task, spec, data, folder, sub_id,
+                                                                          device=device)
+        records.append((seed, folder, record))
+        logger.info("teacher restart %d of %d (seed %d): dev %s", number + 1, restarts, seed, record["dev"])
+    primary = spec.metrics[0]
+
+    def tuning(record: dict) -> float:
+        return record["dev"].get(half_key(TUNING, primary), record["dev"][primary])
+
+    seed, best_folder, best = max(records, key=lambda found: tuning(found[2]))
+
+    def finish() -> None:  # the kept restart's model beside the stage's record; the others' weights go
+        for path in best_folder.iterdir():
+            if path.is_file() and path.name not in ("stage.json", "started.json", "log.jsonl"):
+                shutil.copy2(path, stage_dir / path.name)
+        for _, folder, _ in records:
+            for weights in folder.glob("*.safetensors"):
+                weights.unlink()
+        summary = [{"seed": s, "dev": r["dev"]} for s, _, r in records]
+        mark_stage_done(stage_dir, run_id, {**{k: v for k, v in best.items() if k not in ("run_id", "seconds",
+                                                                                           "resumed")},
+                                            "restarts": summary, "kept": seed,
+                                            "seconds": sum(r.get("seconds") or 0.0 for _, _, r in records)})
+
+    return on_main(stage_dir, run_id, finish)
+
+
+def fine_tune_once(
     config: TeacherConfig, task: TaskConfig, spec: TaskSpec, data: datasets.DatasetDict, stage_dir: Path, run_id: str,
     *, device: torch.device,
 ) -> dict:
