@@ -193,7 +193,11 @@ def test_entity_metrics_score_by_the_standard_convention_with_strict_iob2_beside
     logits = np.eye(len(TAGS))[predicted]
     metrics = entity_metrics([logits], [gold], TAGS)
     assert metrics == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "accuracy": 0.75,
-                                     "precision_strict": 0.5, "recall_strict": 0.5, "f1_strict": 0.5})
+                                     "precision_strict": 0.5, "recall_strict": 0.5, "f1_strict": 0.5,
+                                     # Per entity type: the location found, the person not.
+                                     "type/location/precision": 1.0, "type/location/recall": 1.0,
+                                     "type/location/f1": 1.0, "type/person/precision": 0.0,
+                                     "type/person/recall": 0.0, "type/person/f1": 0.0})
     # An entity that opens with I- (I-person I-person, then B-location): conlleval and seqeval's default mode count
     # it, so both entities are found (F1 1); strict IOB2 drops it (1 of 2 found, 1 predicted: F1 2/3).
     orphan = np.eye(len(TAGS))[[0, 2, 2, 0, 3, 0]]
