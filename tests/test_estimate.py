@@ -110,3 +110,21 @@ def test_the_dry_run_prints_the_plan_with_minutes_then_the_data_and_the_config_o
     assert run_distill.main([*command, "--show-config"]) == 0
     again = capsys.readouterr().out
     assert "\ntask:\n" in again and "from the model shapes' timings on this machine" in again  # kept, not timed again
+
+
+def test_the_clock_times_a_real_model_at_a_fractional_mean_length_and_keeps_it(tmp_path, monkeypatch):
+    """The lengths the estimate asks for are means (fractions of a token): the clock times a real model at the
+    whole length it keys the timing by, and a second clock reads the timing from the file instead of timing again."""
+    from transformers import BertConfig
+
+    monkeypatch.setattr("distill.job.estimate._load", lambda: 0.0)  # an idle machine: its timings are kept
+    config = BertConfig(vocab_size=1100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64)
+    clock = Clock(tmp_path / "timings.json")
+    for kind in ("step", "forward", "latency"):
+        assert clock.seconds(config, 4, 13.4, kind) > 0
+    assert clock.measured == 3
+    again = Clock(tmp_path / "timings.json")
+    assert again.known_seconds(config, 4, 15.9, "step") == clock.known_seconds(config, 4, 13.4, "step")  # both 16
+    again.seconds(config, 4, 13.4, "forward")
+    assert again.measured == 0

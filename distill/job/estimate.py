@@ -66,10 +66,16 @@ class Clock:
         self.busy = _load() > BUSY_LOAD * (os.cpu_count() or 1)
         self.unkept: set[str] = set()
 
-    def _key(self, config, batch: int, length: int, kind: str) -> str:
-        if kind != "latency":
-            length = max(8, int(math.ceil(length / 8) * 8))  # a few shapes, not one per length
-        return f"{self.machine}|{_shape_key(config)}|{kind}|{batch}|{length}"
+    @staticmethod
+    def _length(length: float, kind: str) -> int:
+        """The length a timing is made and kept at: a whole number of tokens; a multiple of 8 except for kind
+        "latency" (a few shapes, not one per length: the mean padded lengths the estimate asks for are fractional)."""
+        if kind == "latency":
+            return int(math.ceil(length))
+        return max(8, int(math.ceil(length / 8) * 8))
+
+    def _key(self, config, batch: int, length: float, kind: str) -> str:
+        return f"{self.machine}|{_shape_key(config)}|{kind}|{batch}|{self._length(length, kind)}"
 
     def known_seconds(self, config, batch: int, length: int, kind: str) -> float | None:
         """A timing made before (kept in the file, or by this clock), None when there is none."""
@@ -100,7 +106,7 @@ class Clock:
         length asked, holds the interleaved timings ``compress`` records.)"""
         key = self._key(config, batch, length, kind)
         if key not in self.known:
-            self.known[key] = _measure(config, batch, length, kind)
+            self.known[key] = _measure(config, batch, self._length(length, kind), kind)
             self.measured += 1
             self._save(key)
         return self.known[key]
