@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 LENGTH_SAMPLE = 2000  # training examples tokenized to learn the lengths
 LOOP_OVERHEAD = 0.15  # the loop beyond the model: batches collated, logs, checkpoints (a share of the model's time)
 EVAL_BATCH = 64  # examples per dev-evaluation batch (distill.tasks.evaluate)
+CLOCK_VERSION = 2  # what a kind of timing measures; a timing kept under another version is made again
 BUSY_LOAD = 0.5  # a load average above this share of the cores: the machine is busy, its timings are not kept
 
 
@@ -56,7 +57,8 @@ class Clock:
 
     def __init__(self, path: Path | None = None):
         self.path = path or timings_file()
-        self.machine = f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
+        self.machine = (f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
+                        f"|v{CLOCK_VERSION}")
         try:
             self.known = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -121,7 +123,12 @@ def _load() -> float:
 
 
 def _measure(config, batch: int, length: int, kind: str) -> float:
+    """One timing (see :meth:`Clock.seconds`). A masked LM's head runs where the job runs it
+    (:func:`distill.method.objective.masked_lm_logits`): at the masked 15% of the tokens in a training step
+    (:class:`~distill.method.objective.MaskedLMObjective`), at one masked word a row in a forward pass (augmentation)."""
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    from distill.method.objective import MaskedLMObjective, masked_lm_logits
 
     torch.manual_seed(0)
     masked = kind.startswith("mlm_")
@@ -132,19 +139,30 @@ def _measure(config, batch: int, length: int, kind: str) -> float:
     if kind.endswith("step"):
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-        labels = ids.clone() if masked else torch.zeros(batch, dtype=torch.long)
+        if masked:
+            objective = MaskedLMObjective(model)
+            labels = torch.where(torch.rand(ids.shape) < 0.15, ids, torch.full_like(ids, -100))
+
+            def loss():
+                return objective({**inputs, "labels": labels})[0]
+        else:
+            labels = torch.zeros(batch, dtype=torch.long)
+
+            def loss():
+                return model(**inputs, labels=labels).loss
 
         def run():
-            loss = model(**inputs, labels=labels).loss
-            loss.backward()
+            loss().backward()
             optimizer.step()
             optimizer.zero_grad()
     else:
         model.eval()
+        one = torch.zeros_like(ids, dtype=torch.bool)
+        one[:, length // 2] = True  # augmentation asks about one masked word a row
 
         def run():
             with torch.no_grad():
-                model(**inputs)
+                masked_lm_logits(model, inputs, one) if masked else model(**inputs)
     run()
     times = []
     for _ in range(2):
@@ -152,6 +170,34 @@ def _measure(config, batch: int, length: int, kind: str) -> float:
         run()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def masked_row_pieces(examples: list[dict], text_columns: tuple[str, ...], augment, mlm_name: str) -> int:
+    """Word pieces of the masked rows augmentation sends the masked LM for ``examples``: one row for each word it
+    asks about (alphabetic, not a stop word, one word piece: :meth:`augment.augmenter.CandidateGenerator.candidates`;
+    longer words go to the word vectors), as long as the text in pieces (twice with ``mlm_context`` "pair"), with the
+    two special tokens."""
+    from augment import load_stopwords, split_words
+    from teachers.models import load_tokenizer
+
+    tokenizer, stopwords = load_tokenizer(mlm_name), load_stopwords(augment.stopwords)
+    counts: dict[str, int] = {}
+
+    def count(word: str) -> int:
+        if word not in counts:
+            counts[word] = len(tokenizer.tokenize(word))
+        return counts[word]
+
+    total = 0
+    for example in examples:
+        for column in text_columns:
+            value = example[column]
+            words = (list(value) if isinstance(value, (list, tuple))
+                     else [value[start:end] for start, end in split_words(value or "")])
+            asked = sum(1 for word in words if word.isalpha() and word.lower() not in stopwords and count(word) == 1)
+            length = sum(count(word) for word in words) * (2 if augment.mlm_context == "pair" else 1) + 2
+            total += asked * length
+    return total
 
 
 @dataclass
@@ -254,13 +300,14 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
     n_train, n_dev = len(data["train"]), len(data["dev"]) * len(spec.dev_splits)
     copies = examples_to_augment(n_train, dataclasses.replace(config.augment, max_mlm_words=None))
     augmenting = config.augment.enabled not in (False, "false") and config.augment.num_copies > 0 and copies > 0
-    words = 0
+    pieces = 0  # word pieces of the masked rows the augmenter sends
     if augmenting:
-        work = [masked_lm_words(data["train"][i], spec.text_columns, config.augment.mlm_context)
-                for i in range(min(copies, n_train))]
+        examples = [data["train"][i] for i in range(min(copies, n_train))]
         if config.augment.max_mlm_words is not None:
+            work = [masked_lm_words(example, spec.text_columns, config.augment.mlm_context) for example in examples]
             copies = min(copies, int(np.searchsorted(np.cumsum(work), config.augment.max_mlm_words, side="right")))
-        words = sum(work[:copies])
+        pieces = masked_row_pieces(examples[:copies], spec.text_columns, config.augment,
+                                   config.mlm.model or config.mlm.base_model)
     rows_trained = (n_train + (copies * config.augment.num_copies if augmenting else 0)) * windows
 
     def step(model, train, rows_in) -> float:
@@ -288,9 +335,8 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
         return _steps(train, 10_000) * clock.seconds(mlm, train.batch_size, config.mlm.max_seq_length, "mlm_step")
     if stage == "augmented":
         mlm = load_config(config.mlm.model or config.mlm.base_model)
-        # a masked row per word, as long as the text: words x words, about 1.3 word pieces a word
         per_piece = clock.seconds(mlm, EVAL_BATCH, 64, "mlm_forward") / (EVAL_BATCH * 64)
-        return words * 1.3 * per_piece * 1.25  # and the GloVe search, the copies written
+        return pieces * per_piece * 1.25  # and the GloVe search, the copies written
     if stage == "pruned":
         kind = "step" if config.student.pruning.importance == "taylor" else "forward"
         batches = math.ceil(config.student.pruning.num_examples / 32)
