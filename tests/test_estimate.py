@@ -128,3 +128,21 @@ def test_the_clock_times_a_real_model_at_a_fractional_mean_length_and_keeps_it(t
     assert again.known_seconds(config, 4, 15.9, "step") == clock.known_seconds(config, 4, 13.4, "step")  # both 16
     again.seconds(config, 4, 13.4, "forward")
     assert again.measured == 0
+
+
+def test_unlabelled_text_counts_the_rows_it_adds_and_the_sentences_the_teacher_ranks(tmp_path):
+    """The distillation set holds the unlabelled text's rows in the room ``max_rows`` leaves, as the run fills it: at
+    ranked share r, room / r sentences drawn (fewer when the text has fewer), the teacher scores them all and the r
+    share is kept, never more than the room."""
+    import dataclasses
+
+    from distill.config import AugmentConfig
+    from distill.job.estimate import _unlabelled_rows
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line number {i} here\n" for i in range(10)) + "too short\n")  # ten of three words or more
+    augment = AugmentConfig(unlabelled=[str(text)], max_rows=20)
+    assert _unlabelled_rows(augment, 12) == (8, 0)  # the room: 8 of the 10 lines, no ranking
+    assert _unlabelled_rows(dataclasses.replace(augment, unlabelled_ranked=0.5), 12) == (5, 10)  # 16 asked, 10 there
+    assert _unlabelled_rows(dataclasses.replace(augment, unlabelled_ranked=0.5), 19) == (1, 2)  # room 1: 2 drawn
+    assert _unlabelled_rows(dataclasses.replace(augment, unlabelled=[]), 12) == (0, 0)

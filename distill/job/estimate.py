@@ -200,6 +200,26 @@ def masked_row_pieces(examples: list[dict], text_columns: tuple[str, ...], augme
     return total
 
 
+def _unlabelled_rows(augment, augmented_rows: int) -> tuple[int, int]:
+    """Rows of unlabelled text the distillation set will hold (``augment.unlabelled`` in the room ``max_rows``
+    leaves beside ``augmented_rows``, as :func:`distill.job.stage_augment.with_unlabelled` fills it) and the
+    sentences the teacher scores to rank them (``unlabelled_ranked``; 0 without ranking). The text's lines are counted
+    by drawing them as the run does; a text that cannot be read here (a hub corpus offline) counts as long enough."""
+    from distill.job.corpus import sample_lines
+
+    if not augment.unlabelled or augment.max_rows is None:
+        return 0, 0
+    room, ranked = max(0, augment.max_rows - augmented_rows), augment.unlabelled_ranked
+    drawn = room if ranked is None else math.ceil(round(room / ranked, 6))
+    try:
+        available = len(sample_lines(augment.unlabelled, drawn, seed=augment.seed))
+    except (OSError, ValueError):  # DataError is a ValueError
+        available = drawn
+    if ranked is None:
+        return available, 0
+    return min(room, math.ceil(round(ranked * available, 6))), available
+
+
 @dataclass
 class Lengths:
     """Token counts of the training examples (a sample) and of the dev examples, with the run's tokenizer."""
@@ -308,7 +328,9 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
             copies = min(copies, int(np.searchsorted(np.cumsum(work), config.augment.max_mlm_words, side="right")))
         pieces = masked_row_pieces(examples[:copies], spec.text_columns, config.augment,
                                    config.mlm.model or config.mlm.base_model)
-    rows_trained = (n_train + (copies * config.augment.num_copies if augmenting else 0)) * windows
+    augmented_rows = n_train + (copies * config.augment.num_copies if augmenting else 0)
+    unlabelled, ranked = _unlabelled_rows(config.augment, augmented_rows)
+    rows_trained = (augmented_rows + unlabelled) * windows
 
     def step(model, train, rows_in) -> float:
         length = lengths.padded(train.batch_size, train.group_by_length)
@@ -336,7 +358,8 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
     if stage == "augmented":
         mlm = load_config(config.mlm.model or config.mlm.base_model)
         per_piece = clock.seconds(mlm, EVAL_BATCH, 64, "mlm_forward") / (EVAL_BATCH * 64)
-        return pieces * per_piece * 1.25  # and the GloVe search, the copies written
+        # and the GloVe search, the copies written; the teacher scores the unlabelled sentences drawn to rank them
+        return pieces * per_piece * 1.25 + forward(teacher_config, ranked, 128)
     if stage == "pruned":
         kind = "step" if config.student.pruning.importance == "taylor" else "forward"
         batches = math.ceil(config.student.pruning.num_examples / 32)
