@@ -335,7 +335,8 @@ def test_the_mpnet_pruned_sweep_reuses_the_measured_whole_set_pipeline():
     teacher-output cache run id and the others do not."""
     import dataclasses
 
-    from distill.job.pipeline import sweep_entries, teacher_outputs_run_id
+    from distill.job.pipeline import sweep_entries
+    from distill.job.stage_distill import teacher_outputs_run_id
     from distill.method.layer_map import build_layer_map
     from distill.method.objective import intermediate_terms
     from students import student_shape

@@ -25,6 +25,8 @@ import augment.vectors
 import distill.publish.benchmark
 import distill.tasks.evaluate
 import distill.job.pipeline
+import distill.job.stage_distill
+import distill.job.stage_report
 from distill.config import ConfigError, TrainConfig, load_config
 from distill.tasks import get_task_type
 from distill.tasks.evaluate import predict
@@ -79,13 +81,14 @@ def test_every_pipeline_stage_runs_on_the_device_it_is_given(tmp_path, monkeypat
     config = load_config(tiny_job_every_stage(tmp_path, tokenizer))
     spy = Spy(monkeypatch)
     spy.wrap_function(distill.tasks.evaluate, "predict", "evaluation")  # evaluate / evaluate_task call it
-    spy.wrap_function(distill.job.pipeline, "predict", "teacher-logit cache")
+    spy.wrap_function(distill.job.stage_distill, "predict", "teacher-logit cache")
     for cls, name in ((ModelLossObjective, "teacher fine-tuning"), (MaskedLMObjective, "adapt-mlm"),
                       (DistillationObjective, "distillation")):
         spy.wrap_to(cls, name)
     spy.wrap_init(augment.augmenter.CandidateGenerator, "augmentation masked LM")
     spy.wrap_init(augment.vectors.NeighbourCache, "word-vector search")
-    monkeypatch.setattr(distill.job.pipeline, "is_accelerator", lambda device: device == FAKE)  # accelerator timings
+    # accelerator timings
+    monkeypatch.setattr(distill.job.stage_report, "is_accelerator", lambda device: device == FAKE)
     report = distill.job.pipeline.run_pipeline(config, device=FAKE)
 
     assert set(spy.seen) == {"evaluation", "teacher-logit cache", "teacher fine-tuning", "adapt-mlm", "distillation",

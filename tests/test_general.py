@@ -17,7 +17,7 @@ from distill.method.checkpoint import CheckpointError
 from distill.job.corpus import load_packed_corpus, pack_lines
 from distill.tasks import DataError
 from distill.method.objective import DistillationObjective
-from distill.job.pipeline import load_projections
+from distill.job.stage_distill import load_projections
 from tests.conftest import tiny_bert, tiny_bert_config
 
 ROOT = Path(__file__).resolve().parents[1]

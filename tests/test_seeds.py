@@ -291,12 +291,12 @@ def _tiny_sweep(tmp_path, **distill) -> str:
 
 
 def test_a_sweeps_students_of_one_depth_share_one_teacher_output_cache(tmp_path, capsys, monkeypatch):
-    import distill.job.pipeline as pipeline
+    import distill.job.stage_distill as stage_distill
 
     path, out = _tiny_sweep(tmp_path, teacher_cache="float16"), tmp_path / "sweep"
     builds = []
-    build = pipeline.build_teacher_cache
-    monkeypatch.setattr(pipeline, "build_teacher_cache",  # the folder it is given, and whether it holds a finished one
+    build = stage_distill.build_teacher_cache
+    monkeypatch.setattr(stage_distill, "build_teacher_cache",  # the folder it is given, and whether it holds a finished one
                         lambda *a, **k: builds.append((a[4], (a[4] / "stage.json").is_file())) or build(*a, **k))
     command = ["sweep", "--config", path, "--output-dir", str(out)]
     assert run_distill.main([*command, "--dry-run"]) == 0

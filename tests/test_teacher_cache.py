@@ -217,7 +217,7 @@ def test_teacher_logit_cache_stores_the_predicted_logits_per_example_and_per_tok
     from transformers import BertForTokenClassification
 
     from distill.tasks.evaluate import predict
-    from distill.job.pipeline import with_teacher_logits
+    from distill.job.stage_distill import with_teacher_logits
     from tests.conftest import tiny_bert_config
 
     data = _data().remove_columns("labels")
@@ -341,7 +341,7 @@ def test_a_cache_resumed_from_shards_without_logits_gives_none(tmp_path, tiny_to
 def test_the_teacher_logit_stage_takes_the_cached_logits_and_the_teacher_does_not_run(tmp_path, tiny_tokenizer):
     """with_teacher_logits given the intermediate step's cache stores that cache's logits (the teacher never runs)
     and says where they came from; given a cache without them, it runs the teacher as before."""
-    from distill.job.pipeline import with_teacher_logits
+    from distill.job.stage_distill import with_teacher_logits
     from distill.tasks.evaluate import predict
 
     data, collate = _data().remove_columns("labels"), DataCollatorWithPadding(tiny_tokenizer)

@@ -17,7 +17,7 @@ from distill.config import ConfigError, TaskConfig, load_config, with_overrides
 from distill.job.corpus import sample_lines
 from distill.tasks import DataError
 from distill.tasks.data import task_spec
-from distill.job.pipeline import with_unlabelled
+from distill.job.stage_augment import with_unlabelled
 from distill.job.preflight import check_unlabelled, preflight
 from distill.job.stages import STAGES
 from distill.tasks.token_classification import IGNORE
@@ -50,7 +50,7 @@ def test_lines_are_drawn_at_random_from_every_file_the_same_for_a_seed(tmp_path)
 def test_a_dev_sentence_is_left_out_of_the_text_however_it_is_tokenised(tmp_path):
     """The dev file's tweet is a word list ("Hello , world !"); the same tweet in a user's text is written as people
     write it ("Hello, world!"): it is still a dev sentence, and never drawn."""
-    from distill.job.pipeline import dev_texts
+    from distill.job.stage_augment import dev_texts
 
     spec = _ner_spec(tmp_path)
     dev = datasets.DatasetDict({split: datasets.Dataset.from_dict({"tokens": [["Hello", ",", "world", "!", "again"]],
@@ -312,7 +312,7 @@ def test_ranked_unlabelled_text_keeps_the_share_the_teacher_scores_highest_in_th
     import numpy as np
     import torch
 
-    from distill.job.pipeline import teacher_ranks
+    from distill.job.stage_augment import teacher_ranks
     from distill.tasks.evaluate import predict
     from distill.tasks.token_classification import entity_mass
     from tests.test_token_classification import tiny_ner_teacher
@@ -358,7 +358,7 @@ def test_ranked_unlabelled_text_keeps_the_share_the_teacher_scores_highest_in_th
 
 
 def test_ranking_enters_the_augmented_run_id_with_the_teacher_and_is_refused_where_it_cannot_run(tmp_path):
-    from distill.job.pipeline import augmented_inputs
+    from distill.job.stage_augment import augmented_inputs
 
     spec_config = with_overrides(load_config("ner_minilm"), {"task.data_dir": None, "augment.unlabelled_ranked": None})
     ranked = with_overrides(spec_config, {"augment.unlabelled_ranked": 0.33})

@@ -253,7 +253,7 @@ def run_compress(config: PipelineConfig, budget: Budget, keep: float = 0.97, can
     """
     from distill.device import run_device
     from distill.job.estimate import Clock
-    from distill.job.pipeline import _sweep, _teacher_and_data, for_device, sweep_entries
+    from distill.job.pipeline import _sweep, for_device, shared_stages, sweep_entries
     from distill.job.preflight import prepare, preflight
     from distill.method.checkpoint import output_lock
     from teachers.models import load_config as load_model_config
@@ -267,7 +267,9 @@ def run_compress(config: PipelineConfig, budget: Budget, keep: float = 0.97, can
     out = Path(config.output_dir)
     folder = out / f"compress-{budget.tag}"
     with output_lock(out, "compress"):
-        out, spec, data, source, teacher_record, train_data, data_run_id = _teacher_and_data(config, device)
+        shared = shared_stages(config, device)
+        out, spec, data, teacher_record, train_data = shared.out, shared.spec, shared.data, shared.teacher, \
+            shared.train_data
         teacher_config = load_model_config(str(out / "teacher"))
         shapes = candidate_shapes(teacher_config)
         teacher_ms = measure(shapes, teacher_config, budget, clock, spec.type)

@@ -115,7 +115,7 @@ def exclusive(folder: Path):
     ``<folder>.holder`` (:func:`distill.method.processes.launch_marker`, with this entry's count); the others wait for
     that by reading the file, not at a collective barrier: another job may hold the lock for longer than a process
     group's timeout (30 minutes). The block must keep the main process in it until the others are in (its first step a
-    barrier, as in :func:`distill.job.pipeline.general_stage`): the holder file goes with the lock.
+    barrier, as in :func:`distill.job.stage_distill.general_stage`): the holder file goes with the lock.
 
     Raises:
         ProcessFailedError: (a process other than the main one) the main process stopped before it held the lock, or

@@ -101,6 +101,14 @@ def stage_source(stage_dir: Path, pruned: dict, record: dict) -> dict:
             "projections": str(stage_dir / "student_intermediate" / PROJECTIONS_FILE)}
 
 
+def pruning_skip(config) -> str | None:
+    """Why no student is pruned from the teacher (the pruning stage does not run), or None when one is: the rule the
+    run and the dry run both follow."""
+    if config.student.init != "pruned":
+        return f"student.init is {config.student.init}"
+    return "student.model is given" if config.student.model is not None else None
+
+
 def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, folder: Path, *,
                  device: torch.device, source: dict | None = None) -> dict:
     """Prune the fine-tuned teacher in ``out/teacher`` (or ``source``, the distilled student of the stage before,
@@ -120,7 +128,7 @@ def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, 
     Raises:
         PruningError: a student shape pruning cannot reach (preflight refuses it first).
     """
-    if config.student.init != "pruned" or config.student.model is not None:
+    if pruning_skip(config):
         return dict(NONE)
     spec_stage = STAGES["pruned"]
     run_id = spec_stage.run_id(config, {"teacher": teacher_record["run_id"]})

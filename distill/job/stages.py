@@ -18,12 +18,17 @@ folder, re-runs the stages that read it (and those after them); a hub name or a 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from distill.config import fingerprint, hashed_dict
+from distill.method.checkpoint import finished_or_superseded, mark_stage_started
 from distill.method.fingerprints import content_or_name, is_local
 from distill.method.terms import terms_of
+
+logger = logging.getLogger(__name__)
 
 # Fields any stage may read that do not change its output.
 ALWAYS_READABLE = ("output_dir",)
@@ -239,10 +244,30 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
                      *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",
                      "distill.teacher_cache"),
               inputs=("teacher", "augmented", "general")),
-    # Its run id also covers the teacher buffers it holds (distill.job.pipeline.teacher_outputs_run_id).
+    # Its run id also covers the teacher buffers it holds (distill.job.stage_distill.teacher_outputs_run_id).
     StageSpec("teacher_outputs", reads=("task.max_seq_length", "distill.teacher_cache"), inputs=("teacher", "augmented")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
                      "distill.hard_label_weight", *PREDICTION_WEIGHTS),
               inputs=("student_intermediate", "teacher_logits")),
 )}
+
+
+def banner(name: str, folder: Path) -> None:
+    """Log that a stage begins, and where it writes."""
+    logger.info("=== stage: %s -> %s", name, folder)
+
+
+def start_stage(name: str, folder: Path) -> None:
+    """A stage with a ``stage.json`` begins to run: log it and note the time (its record gets ``seconds``)."""
+    banner(name, folder)
+    mark_stage_started(folder)
+
+
+def open_stage(name: str, config: Any, folder: Path, inputs: dict[str, str] | None = None
+               ) -> tuple[str, "ConfigView", dict | None]:
+    """A stage's run id (from the fields it declares and its inputs' run ids), the config as it may read it, and its
+    record when it is finished under that run id (None: run it; a folder of another run id was moved aside)."""
+    spec = STAGES[name]
+    run_id = spec.run_id(config, inputs or {})
+    return run_id, spec.view(config), finished_or_superseded(folder, run_id)

@@ -1,7 +1,7 @@
 """Who writes a stage's files under a multi-process launch (``accelerate launch``, ``torchrun``).
 
 Every process of such a job runs the same code. Training is split across the processes (DDP, :mod:`distill.method.trainer`),
-and so is augmentation, shard by shard (each process writes its own shards: :func:`distill.job.pipeline.augment_stage`).
+and so is augmentation, shard by shard (each process writes its own shards: :func:`distill.job.stage_augment.augment_stage`).
 The rest of a stage's work is not: evaluating a given teacher, computing the teacher's logits or outputs once, saving a
 trained model, evaluating it and writing the stage's record. That work is done by the main process alone
 (:func:`on_main`), and every other process waits for the record it writes (``stage.json``, written last), then reads

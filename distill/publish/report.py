@@ -162,25 +162,20 @@ def stage_seconds(output_dir: Path, stages: list[str], pruning_stages: int = 0) 
 
     Args:
         output_dir: the pipeline's output folder.
-        stages: the stage folders this run used, in :data:`STAGE_NAMES` (a folder left from an earlier run with
-            other settings, e.g. ``augmented/`` after augmentation was turned off, is not counted).
+        stages: the stage folders this run used, in the order it ran them (:func:`distill.job.table.stage_folders`;
+            a folder left from an earlier run with other settings, e.g. ``augmented/`` after augmentation was turned
+            off, is not counted). :data:`STAGE_NAMES` names them in the report (another folder by its own name).
         pruning_stages: how many stages of pruning in stages the run has (``pruning/stage-1`` ... ``stage-N``, summed
             as "pruning"; a stage folder left from a run with more stages is not counted).
 
     Returns:
         {stage: {"seconds": wall seconds of the process that finished it, "resumed": whether that process resumed
-        an earlier one's work}}, in :data:`STAGE_NAMES` order. General distillation: the time it took when it was
+        an earlier one's work}}, in ``stages``' order. General distillation: the time it took when it was
         made, possibly by another job that shares the cache. Stages without a recorded time (given, or finished by
         an older version) are left out.
-
-    Raises:
-        ValueError: a name in ``stages`` is not a stage folder.
     """
-    unknown = set(stages) - set(STAGE_NAMES)
-    if unknown:
-        raise ValueError(f"not stage folders: {sorted(unknown)}; known: {list(STAGE_NAMES)}")
     found = {}
-    for folder in (name for name in STAGE_NAMES if name in stages):
+    for folder in dict.fromkeys(stages):
         if folder == "pruning":  # the stages before the student's own pruning, each with its three steps
             paths = [Path(output_dir) / "pruning" / f"stage-{number}" / step / "stage.json"
                      for number in range(1, pruning_stages + 1) for step in ("pruned", "student_intermediate", "student")]
@@ -391,7 +386,7 @@ def task_seconds(stages: dict[str, dict]) -> float:
 def _stage_table(stages: dict[str, dict]) -> str:
     if not stages:
         return ""
-    rows = [f"| {STAGE_NAMES[name]}{' (resumed)' if entry['resumed'] else ''} | {entry['seconds'] / 60:.1f} |"
+    rows = [f"| {STAGE_NAMES.get(name, name)}{' (resumed)' if entry['resumed'] else ''} | {entry['seconds'] / 60:.1f} |"
             for name, entry in stages.items()]
     return ("\n| stage | wall time (min) |\n|---|---|\n" + "\n".join(rows)
             + f"\n| task stages in all | {task_seconds(stages) / 60:.1f} |\n"

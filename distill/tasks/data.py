@@ -95,6 +95,13 @@ def load_task_data(config, spec: TaskSpec | None = None) -> datasets.DatasetDict
     return load_task_data_with_source(config, spec)[0]
 
 
+def data_source_kind(task, spec: TaskSpec) -> str:
+    """Where ``task.source`` "auto" reads a named task from: "local" (a data folder), "bundled" or "hub"."""
+    if task.source != "auto":
+        return task.source
+    return "local" if task.data_dir else "bundled" if (ASSETS / spec.name).is_dir() else "hub"
+
+
 def load_task_data_with_source(config, spec: TaskSpec | None = None
                                ) -> tuple[datasets.DatasetDict, DataSource]:
     """Load the train and dev splits of the configured task, and say where they came from.
