@@ -29,6 +29,8 @@ from distill.method.fingerprints import content_or_name, is_local
 from distill.method.terms import terms_of
 
 logger = logging.getLogger(__name__)
+# The job's progress lines ("=== stage: ...") keep the logger name they have always had, whichever module runs the stage.
+progress = logging.getLogger("distill.job.pipeline")
 
 # Fields any stage may read that do not change its output.
 ALWAYS_READABLE = ("output_dir",)
@@ -255,7 +257,7 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
 
 def banner(name: str, folder: Path) -> None:
     """Log that a stage begins, and where it writes."""
-    logger.info("=== stage: %s -> %s", name, folder)
+    progress.info("=== stage: %s -> %s", name, folder)
 
 
 def start_stage(name: str, folder: Path) -> None:
