@@ -137,7 +137,8 @@ def student_config(teacher_config: PretrainedConfig, shape: dict, init: str = "r
 
 
 def build_student(
-    teacher: PreTrainedModel, config: StudentConfig, layer_map: list[int] | None = None, encoder_only: bool = False
+    teacher: PreTrainedModel, config: StudentConfig, layer_map: list[int] | None = None, encoder_only: bool = False,
+    shape: dict | None = None,
 ) -> PreTrainedModel:
     """A new student shaped by ``config``, randomly initialised or initialised from teacher layers.
 
@@ -147,12 +148,14 @@ def build_student(
         layer_map: teacher layers [g(1), ..., g(M)] copied into student layers 1..M when ``init == "teacher"``;
             None: the uniform map (:func:`distill.method.layer_map.build_layer_map`, 3-of-6 -> [2, 4, 6]).
         encoder_only: build a bare encoder (``AutoModel``, for general distillation) instead of a classifier.
+        shape: the student's shape as the job resolved it (:func:`student_shape`); None: resolved here from
+            ``config`` and the teacher's config.
 
     Raises:
         ValueError: ``init == "teacher"`` but hidden or FFN sizes differ from the teacher's, or (no ``layer_map``)
             the student is deeper than the teacher.
     """
-    shape = student_shape(config, teacher.config)
+    shape = shape if shape is not None else student_shape(config, teacher.config)
     model_class = AutoModel if encoder_only else head_class(teacher)
     model = model_class.from_config(student_config(teacher.config, shape, config.init))
     if config.init == "teacher":

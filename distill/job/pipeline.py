@@ -207,7 +207,7 @@ def _sweep(config: PipelineConfig, entries: dict[str, PipelineConfig], device: t
         job = jobs[name]
         general = json.loads((job.student_dir / "general.json").read_text(encoding="utf-8"))
         recipe = card_recipe(student_config, spec, teacher_record, general, job.step1, shared.train_data,
-                             job.student)
+                             job.student, shape=job.shape)
         student_card(name=f"{Path(config.output_dir).name}-{name}", spec=spec,
                      teacher=config.teacher.model or config.teacher.base_model, rows=card_rows, recipe=recipe,
                      command=f"python run_distill.py sweep --config {public_name(str(out))}/config.json",

@@ -34,7 +34,6 @@ from students import student_shape
 from students.build import student_config
 from students.pruning import compute_importance, Importance, plan_pruning, prune_model, select_layers
 from teachers import load_teacher, load_tokenizer
-from teachers.models import load_config as load_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def pruning_skip(config) -> str | None:
 
 
 def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, folder: Path, *,
-                 device: torch.device, source: dict | None = None) -> dict:
+                 device: torch.device, source: dict | None = None, shape: dict | None = None) -> dict:
     """Prune the fine-tuned teacher in ``out/teacher`` (or ``source``, the distilled student of the stage before,
     when pruning in stages) to the student's shape into ``folder`` (skipped unless ``student.init`` is "pruned" and no
     ``student.model`` is given).
@@ -120,6 +119,8 @@ def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, 
             the teacher layers (1-based) and residual channels it stands for, and its learnt projections W
             (h_source -> h_T); None prunes the teacher. The plan's layers and channels are then the teacher's
             (composed through the source's), and W starts as the source's W restricted to the kept channels.
+        shape: the student's shape as the job resolved it (:attr:`distill.job.table.Job.shape`); needed unless the
+            stage is skipped.
 
     Returns:
         {"run_id", "folder", "layer_map"}: the pruned student's folder and the teacher layers it kept (the
@@ -138,11 +139,11 @@ def pruned_stage(config, spec: TaskSpec, data, teacher_record: dict, out: Path, 
     if finished_or_superseded(folder, run_id) is None:
         what = "teacher" if source is None else f"student of the stage before ({source['folder']})"
         logger.info("=== stage: pruned student (%s pruned to the student's shape) -> %s", what, folder)
-    record = on_main(folder, run_id, lambda: _prune(view, spec, data, out, folder, run_id, device, source))
+    record = on_main(folder, run_id, lambda: _prune(view, spec, data, out, folder, run_id, device, shape, source))
     return {"run_id": run_id, "folder": str(folder), "layer_map": record["layer_map"]}
 
 
-def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, device: torch.device,
+def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, device: torch.device, shape: dict,
            source: dict | None = None) -> None:
     if finished_or_superseded(folder, run_id) is not None:
         return
@@ -151,7 +152,6 @@ def _prune(config, spec: TaskSpec, data, out: Path, folder: Path, run_id: str, d
     tokenizer = load_tokenizer(str(out / "teacher"))
     teacher = load_teacher(str(out / "teacher") if source is None else source["folder"], spec)
     pruning = config.student.pruning
-    shape = student_shape(config.student, load_model_config(str(out / "teacher")))  # relative presets: the teacher's
     path = folder / IMPORTANCE_FILE
     if path.is_file():  # computed by an earlier, interrupted run of this stage
         importance = Importance.from_tensors(load_file(path))

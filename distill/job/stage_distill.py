@@ -70,7 +70,7 @@ from distill.tasks import record_serving, record_tuned
 from distill.tasks.base import TaskSpec, TaskType
 from distill.tasks.data import collator
 from distill.tasks.evaluate import evaluate_task, predict
-from students import build_student, student_shape
+from students import build_student
 from teachers import (
     check_same_vocabulary,
     load_teacher,
@@ -120,7 +120,7 @@ def general_stage(config: PipelineConfig, out: Path, *, device: torch.device) ->
 
 
 def _student(config: ConfigView, spec: TaskSpec, teacher, teacher_tokenizer, layer_map: list[int] | None,
-             start: str | None = None):
+             start: str | None = None, shape: dict | None = None):
     """A new student of ``config.student``'s shape (its layers cut from teacher layers ``layer_map`` with init
     "teacher"), or one started from a checkpoint (``student.model``, or the general-distilled ``start``) with the
     teacher's labels and a new head; either way with the head config of the task's type
@@ -129,7 +129,7 @@ def _student(config: ConfigView, spec: TaskSpec, teacher, teacher_tokenizer, lay
     start = config.student.model or start
     head = spec.type.head_config(spec)
     if start is None:
-        student = build_student(teacher, config.student, layer_map)
+        student = build_student(teacher, config.student, layer_map, shape=shape)
         if "problem_type" in head:
             student.config.problem_type = head["problem_type"]
         return student
@@ -156,12 +156,12 @@ def load_projections(objective: DistillationObjective, folder: Path) -> bool:
     return True
 
 
-def student_layers(config: ConfigView, teacher_config, start: str | None = None) -> int:
+def student_layers(config: ConfigView, shape: dict | None, start: str | None = None) -> int:
     """The student's depth: that of the checkpoint it starts from (``student.model``, or the general-distilled
-    ``start``), else of its configured shape (a relative preset read against ``teacher_config``)."""
+    ``start``), else of ``shape``, the student's shape as the job resolved it (:attr:`distill.job.table.Job.shape`)."""
     if (checkpoint := config.student.model or start) is not None:
         return load_model_config(checkpoint).num_hidden_layers
-    return student_shape(config.student, teacher_config)["num_hidden_layers"]
+    return shape["num_hidden_layers"]
 
 
 def teacher_cache_folder(student_dir: Path, out: Path, cache_id: str) -> Path:
@@ -263,11 +263,14 @@ def save_student(folder: Path, student, tokenizer, objective: DistillationObject
 
 
 def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, train_set: datasets.Dataset,
-                      data_run_id: str, general: dict, out: Path, folder: Path, *, device: torch.device) -> dict:
+                      data_run_id: str, general: dict, out: Path, folder: Path, *, device: torch.device,
+                      shape: dict | None) -> dict:
     """The intermediate step (embedding, hidden and attention losses) into ``folder``, the student starting from the
     general-distilled or the pruned one when there is one (``general``: that start's {"run_id", "folder"}, and for a
     pruned student its "layer_map", the teacher layers it kept; its run id enters this step's as "general", so the
-    run ids of jobs without a pruned student are those from before the pruning stage); returns its record."""
+    run ids of jobs without a pruned student are those from before the pruning stage); returns its record.
+    ``shape``: the student's shape as the job resolved it (:attr:`distill.job.table.Job.shape`), for a student built
+    here (none started from a checkpoint)."""
     inputs = {"teacher": teacher_record["run_id"], "augmented": data_run_id, "general": general["run_id"]}
     full_config = config
     run_id, config, record = open_stage("student_intermediate", config, folder, inputs)
@@ -282,9 +285,9 @@ def intermediate_step(config: PipelineConfig, spec: TaskSpec, teacher_record: di
     # The configured map picks the teacher layers a cut student copies also when no layer is matched (logit-only).
     layer_map = (general.get("layer_map") or build_layer_map(
         config.distill.layer_map, teacher.config.num_hidden_layers,
-        student_layers(config, teacher.config, general["folder"])) if terms or cut else None)
+        student_layers(config, shape, general["folder"])) if terms or cut else None)
     set_seed(config.distill.intermediate.seed)  # student weights and projections are drawn from the global RNG
-    student = _student(config, spec, teacher, tokenizer, layer_map, start=general["folder"])
+    student = _student(config, spec, teacher, tokenizer, layer_map, start=general["folder"], shape=shape)
     record = {"copied_layers": layer_map if cut else None, "start": start or config.student.init,
               "device": str(device)}
     if general.get("layer_map"):  # a pruned student: the teacher layers it kept, and how it scored before distilling
@@ -410,22 +413,24 @@ def logit_rows(logits: np.ndarray | list[np.ndarray]) -> pyarrow.ListArray:
 
 def pruned_start(config: PipelineConfig, spec: TaskSpec, data: datasets.DatasetDict, teacher_record: dict,
                  train_set: datasets.Dataset, data_run_id: str, out: Path, student_dir: Path, *,
-                 device: torch.device) -> dict:
+                 device: torch.device, teacher_config, shape: dict | None) -> dict:
     """The student pruned from the teacher (:func:`distill.job.pruned.pruned_stage`'s record) into
     ``student_dir/pruned``; when pruning in stages (``student.pruning.stages``), each stage's shape pruned and
     distilled in turn into ``student_dir/pruning/stage-<n>/`` (pruned, intermediate and prediction steps) first, each
-    pruning the one before. ``train_set``: the tokenized distillation set."""
+    pruning the one before. ``train_set``: the tokenized distillation set; ``teacher_config`` and ``shape``: the
+    fine-tuned teacher's model config and the student's shape, as the job resolved them once
+    (:class:`distill.job.table.Job`)."""
     source = None
     if not pruning_skip(config):
-        for number, shape in enumerate(stage_shapes(config.student, load_model_config(str(out / "teacher"))), 1):
-            stage_dir, stage = student_dir / "pruning" / f"stage-{number}", stage_config(config, shape)
+        for number, stage_shape in enumerate(stage_shapes(config.student, teacher_config), 1):
+            stage_dir, stage = student_dir / "pruning" / f"stage-{number}", stage_config(config, stage_shape)
             pruned = pruned_stage(stage, spec, data, teacher_record, out, stage_dir / "pruned", device=device,
-                                  source=source)
+                                  source=source, shape=stage_shape)
             step1 = intermediate_step(stage, spec, teacher_record, train_set, data_run_id, pruned, out,
-                                      stage_dir / "student_intermediate", device=device)
+                                      stage_dir / "student_intermediate", device=device, shape=stage_shape)
             record = prediction_step(stage, spec, data, teacher_record, train_set, data_run_id, step1, out,
                                      stage_dir / "student", device=device)
-            logger.info("pruning stage %d (%s): dev %s", number, shape, record["dev"])
+            logger.info("pruning stage %d (%s): dev %s", number, stage_shape, record["dev"])
             source = stage_source(stage_dir, pruned, record)
     return pruned_stage(config, spec, data, teacher_record, out, student_dir / "pruned", device=device,
-                        source=source)
+                        source=source, shape=shape)

@@ -53,11 +53,12 @@ logger = logging.getLogger(__name__)
 
 
 def card_recipe(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, general: dict, step1: dict,
-            train_data: datasets.Dataset, step2: dict) -> list[str]:
-    """The card's recipe lines (:func:`distill.publish.card.recipe_lines`) with the counts read from the distillation set."""
+                train_data: datasets.Dataset, step2: dict, shape: dict | None = None) -> list[str]:
+    """The card's recipe lines (:func:`distill.publish.card.recipe_lines`) with the counts read from the distillation
+    set; ``shape``: the student's shape as the job resolved it."""
     return recipe_lines(config, teacher_record, general, step1, len(train_data), step2,
                         num_unlabelled=num_unlabelled(train_data), num_augmented=num_augmented(train_data),
-                        temperature=spec.type.uses_temperature(spec))
+                        temperature=spec.type.uses_temperature(spec), shape=shape)
 
 
 def report_stage(config: PipelineConfig, spec: TaskSpec, teacher_record: dict, student_record: dict, out: Path, *,

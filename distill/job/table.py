@@ -71,6 +71,7 @@ from distill.tasks.data import (
     task_spec,
     tokenize,
 )
+from students import student_shape
 from teachers import load_tokenizer
 from teachers.finetune import chance, dev_labels
 from teachers.models import load_config as load_model_config
@@ -95,6 +96,8 @@ class Job:
             where they come from, the teacher stage's record, the distillation set and its run id).
         general, start, step1, student, report: set by the student and final steps (the general stage's record,
             the student the intermediate step starts from, the two steps' records, the report).
+        teacher_config, shape: the teacher's model config and the student's shape, each resolved once on first use
+            (properties) and passed down to the stages that prune, build or describe the student.
     """
 
     config: PipelineConfig
@@ -114,6 +117,26 @@ class Job:
     student: dict | None = None
     report: dict | None = None
     _train_set: datasets.Dataset | None = field(default=None, repr=False)
+    _teacher_config: Any = field(default=None, repr=False)
+    _shape: dict | None = field(default=None, repr=False)
+
+    @property
+    def teacher_config(self) -> Any:
+        """The teacher's model config, read once: the fine-tuned teacher in ``out/teacher`` once the teacher stage
+        has made it (every step that asks comes after it), else the configured model (a dry run before the teacher
+        stage); None when neither can be read here (a hub teacher offline)."""
+        if self._teacher_config is None:
+            self._teacher_config = _planned_teacher_config(self.config, self.out)
+        return self._teacher_config
+
+    @property
+    def shape(self) -> dict | None:
+        """The student's shape (:func:`students.student_shape`: depth, width, heads, FFN), resolved once against
+        :attr:`teacher_config` (a preset relative to the teacher is read against it); None for a student started from
+        a checkpoint (``student.model``: its own shape) or when the teacher's config cannot be read yet."""
+        if self._shape is None and self.config.student.model is None and self.teacher_config is not None:
+            self._shape = student_shape(self.config.student, self.teacher_config)
+        return self._shape
 
     @property
     def train_set(self) -> datasets.Dataset:
@@ -128,7 +151,7 @@ class Job:
     def for_student(self, config: PipelineConfig, student_dir: Path) -> "Job":
         """This job's shared results with another student's config and folder (a sweep's entry)."""
         return dataclasses.replace(self, config=config, student_dir=student_dir, general=None, start=None,
-                                   step1=None, student=None, report=None, _train_set=None)
+                                   step1=None, student=None, report=None, _train_set=None, _shape=None)
 
 
 @dataclass
@@ -227,7 +250,7 @@ def _plan_general(job: Job, plan: Plan) -> None:
 
 def _run_pruned(job: Job) -> None:
     pruned = pruned_start(job.config, job.spec, job.data, job.teacher, job.train_set, job.data_run_id, job.out,
-                          job.student_dir, device=job.device)
+                          job.student_dir, device=job.device, teacher_config=job.teacher_config, shape=job.shape)
     job.start = pruned if pruned["folder"] else job.general
 
 
@@ -237,7 +260,7 @@ def _plan_pruned(job: Job, plan: Plan) -> None:
         return
     logits_id = _logits_id(job, plan)
     source_id = None
-    teacher_config = _planned_teacher_config(config, job.out) if config.student.pruning.stages else None
+    teacher_config = job.teacher_config if config.student.pruning.stages else None
     for number, shape in enumerate(stage_shapes(config.student, teacher_config) if teacher_config else [], 1):
         stage, where = stage_config(config, shape), job.student_dir / "pruning" / f"stage-{number}"
         pruned_id = STAGES["pruned"].run_id(stage, {"teacher": ids["teacher"]})
@@ -266,13 +289,13 @@ def _pruned_folders(config: PipelineConfig) -> list[str]:
 
 def _run_intermediate(job: Job) -> None:
     job.step1 = intermediate_step(job.config, job.spec, job.teacher, job.train_set, job.data_run_id, job.start, job.out,
-                                  job.student_dir / "student_intermediate", device=job.device)
+                                  job.student_dir / "student_intermediate", device=job.device, shape=job.shape)
 
 
 def _plan_intermediate(job: Job, plan: Plan) -> None:
     config, ids = job.config, plan.ids
     if config.distill.teacher_cache is not None:
-        cache_id = _planned_cache_id(config, job.out, ids["teacher"], ids["augmented"], job.student_dir)
+        cache_id = _planned_cache_id(job, ids["teacher"], ids["augmented"])
         plan.add("teacher_outputs", teacher_cache_folder(job.student_dir, job.out, cache_id) if cache_id
                  else job.student_dir / "teacher_outputs", cache_id,
                  None if cache_id else "no intermediate term, or the teacher's config cannot be read yet")
@@ -335,7 +358,8 @@ def _run_export(job: Job) -> None:
         out = job.out
         general = json.loads((job.student_dir / "general.json").read_text(encoding="utf-8"))
         step1 = json.loads((job.student_dir / "student_intermediate" / "stage.json").read_text(encoding="utf-8"))
-        recipe = card_recipe(job.config, job.spec, job.teacher, general, step1, job.train_data, job.student)
+        recipe = card_recipe(job.config, job.spec, job.teacher, general, step1, job.train_data, job.student,
+                             shape=job.shape)
         publish_stage(job.config, job.spec, job.data, out, job.report, recipe,
                       job.command or f"python run_distill.py pipeline --config {out / 'config.json'}")
     processes.wait_for_everyone()
@@ -389,18 +413,16 @@ def _planned_teacher_config(config: PipelineConfig, out: Path) -> Any:
         return None
 
 
-def _planned_cache_id(config: PipelineConfig, out: Path, teacher_id: str, data_id: str,
-                      student_dir: Path) -> str | None:
-    """The teacher-output cache's run id as the pipeline will compute it, or None when there is no intermediate term
-    or the teacher's config cannot be read (a hub teacher offline, before the teacher stage ran)."""
+def _planned_cache_id(job: Job, teacher_id: str, data_id: str) -> str | None:
+    """The teacher-output cache's run id as the pipeline will compute it for ``job``'s student, or None when there is
+    no intermediate term or the teacher's config cannot be read (a hub teacher offline, before the teacher stage
+    ran)."""
+    config, teacher_config, student_dir = job.config, job.teacher_config, job.student_dir
     terms = intermediate_terms(config.distill.weights)
-    if not terms:
-        return None
-    teacher_config = _planned_teacher_config(config, out)
-    if teacher_config is None:
+    if not terms or teacher_config is None:
         return None
     try:
-        layers = student_layers(config, teacher_config)
+        layers = student_layers(config, job.shape)
     except (OSError, ValueError):  # ModelError is a ValueError
         return None
     layer_map = build_layer_map(config.distill.layer_map, teacher_config.num_hidden_layers, layers)

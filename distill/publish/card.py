@@ -93,7 +93,7 @@ def _stage_words(stage: str | dict) -> str:
 
 def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, step1: dict, num_rows: int,
                  step2: dict | None = None, num_unlabelled: int = 0, num_augmented: int | None = None,
-                 temperature: bool = True) -> list[str]:
+                 temperature: bool = True, shape: dict | None = None) -> list[str]:
     """How a student was made, in words for its model card, read from what ran where the stage records say it.
 
     Args:
@@ -107,6 +107,8 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
         num_augmented: how many of them are augmented copies (None: not known, the settings alone are listed).
         temperature: the prediction loss reads the temperature (:meth:`distill.tasks.TaskType.uses_temperature`; a
             regression MSE does not).
+        shape: the student's shape as the job resolved it (:attr:`distill.job.table.Job.shape`); None: read here
+            (a preset relative to the teacher against ``<output_dir>/teacher``).
     """
     teacher = config.teacher
     made = (f"given: `{public_name(teacher.model)}`" if teacher.model else f"`{public_name(teacher.base_model)}` "
@@ -143,7 +145,7 @@ def recipe_lines(config: PipelineConfig, teacher_record: dict, general: dict, st
              (f"general distillation start: `{public_name(general['teacher'])}` on "
               f"{', '.join(Path(c).name for c in general['corpus'])}"
               f", {general['steps']} steps" if general["folder"] else f"start: {start}"),
-             f"student: {_student_shape(config) if config.student.model is None else public_name(config.student.model)}",
+             f"student: {public_name(config.student.model) if config.student.model is not None else shape or _student_shape(config)}",
              ("layer map: none, no layer is matched (logit-only distillation)" if skipped
               else f"layer map (student 0..M -> teacher): {step1.get('layer_map')}"),
              f"loss weights (the terms that ran): {weights}"
