@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from distill.tasks import get_task
-from distill.tasks.sentence_embedding import (cosine, pool, pool_rows, read_pooling, retrieval_metrics,
-                                              similarity_metrics, write_sentence_transformers)
+from distill.tasks.sentence_embedding import (ProjectedEncoder, SentenceEncoder, cosine, pool, pool_rows,
+                                              read_dense, read_pooling, retrieval_metrics, similarity_metrics,
+                                              write_sentence_transformers)
 
 SPEC = get_task("stsb_embedding")
 
@@ -127,7 +128,7 @@ def test_a_sentence_encoder_distils_into_a_folder_sentence_transformers_loads(tm
     student = report["models"]["student"]["dev"]
     assert {"spearman", "pearson", "report/spearman", "tuning/spearman"} <= set(student)
     encoder = SentenceTransformer(str(out / "student"), device="cpu")
-    assert encoder.get_sentence_embedding_dimension() == 32
+    assert encoder.get_embedding_dimension() == 32
     texts = ["the movie was good", "a bad film"]
     found = encoder.encode(texts, convert_to_tensor=True)
     from transformers import AutoModel
@@ -180,3 +181,124 @@ def test_retrieval_scores_each_question_against_the_passages_of_the_set(tmp_path
             np.array([[0.0, 1.0]]), np.array([[0.0, 1.0]])]     # question 2, paragraph 1
     metrics = spec.type.compute_metrics(spec, rows, labels)
     assert metrics == {"mrr@10": pytest.approx((1 + 0.5 + 1) / 3), "recall@1": pytest.approx(2 / 3)}
+
+
+def _spec(**options):
+    from dataclasses import replace
+
+    return replace(SPEC, options={**SPEC.options, **options})
+
+
+def test_the_map_to_the_teachers_width_is_the_dense_module_after_the_pooling_and_ships_as_one(tmp_path):
+    """Mapping every token's embedding and then pooling (what the student runs) equals pooling and then sentence-
+    transformers' Dense module (what the saved folder runs), for the mean and the first token; the folder loads back
+    with the same map, and SentenceTransformer encodes with it."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import BertModel, BertTokenizer
+
+    from tests.conftest import SPECIAL, WORDS, tiny_bert_config
+
+    torch.manual_seed(0)
+    encoder = BertModel(tiny_bert_config(hidden_size=16, num_attention_heads=2, intermediate_size=32),
+                        add_pooling_layer=False).eval()
+    model = ProjectedEncoder(encoder, torch.nn.Linear(16, 32)).eval()
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    texts = ["the movie was good", "a bad film was fun the plot"]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    assert batch["attention_mask"].min() == 0  # a padded row: the mean must leave padding out
+    with torch.no_grad():
+        tokens = encoder(**batch).last_hidden_state
+        for mode in ("mean", "cls"):
+            torch.testing.assert_close(pool(model(**batch).last_hidden_state, batch["attention_mask"], mode),
+                                       model.projection(pool(tokens, batch["attention_mask"], mode)))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    write_sentence_transformers(tmp_path, 16, "mean", True, 32)
+    modules = [m["type"].rsplit(".", 1)[1] for m in json.loads((tmp_path / "modules.json").read_text())]
+    assert modules == ["Transformer", "Pooling", "Dense", "Normalize"]
+    loaded = SentenceEncoder.from_pretrained(tmp_path)
+    assert isinstance(loaded, ProjectedEncoder)
+    torch.testing.assert_close(loaded.projection.weight, model.projection.weight)
+    found = SentenceTransformer(str(tmp_path), device="cpu").encode(texts, convert_to_tensor=True)
+    assert found.shape == (2, 32)
+    with torch.no_grad():
+        expected = pool(model(**batch).last_hidden_state, batch["attention_mask"], "mean", normalize=True)
+    torch.testing.assert_close(found.float(), expected, rtol=1e-4, atol=1e-5)
+    # a folder without a Dense module loads as the bare encoder
+    encoder.save_pretrained(tmp_path / "bare")
+    assert read_dense(tmp_path / "bare") is None
+    assert not isinstance(SentenceEncoder.from_pretrained(tmp_path / "bare"), ProjectedEncoder)
+
+
+def test_the_prediction_step_maps_a_narrower_student_only_when_the_teachers_space_is_kept(tmp_path):
+    from transformers import BertModel
+
+    from distill.job.stage_distill import hidden_projection
+    from distill.tasks import DataError
+    from tests.conftest import tiny_bert_config
+
+    teacher = BertModel(tiny_bert_config(hidden_size=32), add_pooling_layer=False)
+    student = BertModel(tiny_bert_config(hidden_size=16, num_attention_heads=2, intermediate_size=32),
+                        add_pooling_layer=False)
+    kind = SPEC.type
+    assert kind.prediction_model(SPEC, student, teacher) is student  # the default: its own space
+    same = BertModel(tiny_bert_config(hidden_size=32), add_pooling_layer=False)
+    assert kind.prediction_model(_spec(teacher_space=True), same, teacher) is same  # already the teacher's width
+    from safetensors.torch import save_file
+
+    w_h = torch.nn.Linear(16, 32)
+    save_file({"hidden.weight": w_h.weight.detach(), "hidden.bias": w_h.bias.detach(),
+               "embedding.weight": torch.zeros(32, 16), "embedding.bias": torch.zeros(32)},
+              tmp_path / "projections.safetensors")
+    projection = hidden_projection(tmp_path)
+    torch.testing.assert_close(projection.weight, w_h.weight)  # W_h, not W_e
+    mapped = kind.prediction_model(_spec(teacher_space=True), student, teacher, projection)
+    assert isinstance(mapped, ProjectedEncoder) and mapped.encoder is student
+    torch.testing.assert_close(mapped.projection.bias, w_h.bias)  # starts as the intermediate step's W_h
+    assert hidden_projection(tmp_path / "nowhere") is None
+    with pytest.raises(DataError, match="mean or cls pooling"):
+        kind.prediction_model(_spec(teacher_space=True, pooling="max"), student, teacher)
+
+
+@pytest.mark.slow
+def test_a_narrower_student_keeps_the_teachers_space_end_to_end(tmp_path):
+    """teacher_space: the 16-wide student is trained, scored and shipped with its map to the teacher's 32: the folder
+    SentenceTransformer loads embeds in 32 dimensions, as the report scored it."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import BertModel, BertTokenizer
+
+    from distill.config import load_config
+    from distill.job.pipeline import run_pipeline
+    from tests.conftest import SPECIAL, WORDS, tiny_bert_config, tiny_job
+    from tests.glue_fixtures import write_glue_folder
+
+    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+    torch.manual_seed(0)
+    teacher = BertModel(tiny_bert_config(num_hidden_layers=4), add_pooling_layer=False).eval()
+    data = write_glue_folder(tmp_path, "stsb")
+    path = tiny_job(tmp_path, teacher, tokenizer,
+                    task={"name": "stsb_embedding", "data_dir": str(data), "options": {"teacher_space": True}},
+                    export={"onnx": True})
+    write_sentence_transformers(tmp_path / "teacher_model", 32, "mean", True, 32)
+    report = run_pipeline(load_config(path))
+    out = tmp_path / "run"
+    assert {"spearman", "report/spearman"} <= set(report["models"]["student"]["dev"])
+    modules = [m["type"].rsplit(".", 1)[1] for m in json.loads((out / "student" / "modules.json").read_text())]
+    assert modules == ["Transformer", "Pooling", "Dense", "Normalize"]
+    encoder = SentenceTransformer(str(out / "student"), device="cpu")
+    assert encoder.get_embedding_dimension() == 32  # the teacher's width
+    texts = ["the movie was good", "a bad film"]
+    model = SentenceEncoder.from_pretrained(out / "student").eval()
+    assert model.config.hidden_size == 16
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = pool(model(**batch).last_hidden_state, batch["attention_mask"], "mean", normalize=True)
+    torch.testing.assert_close(encoder.encode(texts, convert_to_tensor=True).float(), expected, rtol=1e-4, atol=1e-5)
+    export = json.loads((out / "student" / "onnx" / "export.json").read_text())
+    assert export["files"]["model.onnx"]["same_prediction"] == 1.0  # the graph maps to the teacher's width too
+    # the map was trained in the prediction step, from the intermediate step's W_h
+    from distill.job.stage_distill import hidden_projection
+
+    start = hidden_projection(out / "student_intermediate")
+    assert start is not None and start.weight.shape == model.projection.weight.shape
+    assert not torch.equal(start.weight, model.projection.weight)

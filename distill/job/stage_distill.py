@@ -16,6 +16,7 @@ import pyarrow
 import torch
 from accelerate import PartialState
 from safetensors.torch import load_file
+from torch import nn
 from transformers import set_seed
 
 from distill.config import (
@@ -154,6 +155,23 @@ def load_projections(objective: DistillationObjective, folder: Path) -> bool:
     projections.load_state_dict(saved)
     logger.info("projections loaded from %s", path)
     return True
+
+
+def hidden_projection(folder: Path) -> nn.Linear | None:
+    """The hidden-state projection W_h (H_S -> H_T) the intermediate step learnt and saved in ``folder`` (the
+    shared W where one served the embedding and every layer), as an ``nn.Linear``; None where it saved none."""
+    path = folder / PROJECTIONS_FILE
+    if not path.is_file():
+        return None
+    saved = load_file(path)
+    name = "hidden" if "hidden.weight" in saved else "shared" if "shared.weight" in saved else None
+    if name is None:
+        return None
+    weight = saved[f"{name}.weight"]
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=f"{name}.bias" in saved)
+    linear.load_state_dict({key.removeprefix(f"{name}."): value for key, value in saved.items()
+                            if key.startswith(f"{name}.")})
+    return linear
 
 
 def student_layers(config: ConfigView, shape: dict | None, start: str | None = None) -> int:
@@ -334,7 +352,8 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
     train_set = with_teacher_logits(train_set, teacher, tokenizer, out / "teacher_logits", logits_run_id,
                                     task_type=spec.type, device=device, cache=cache)
     mark_stage_started(folder)  # the step's wall time leaves out the teacher logits, timed in their own folder
-    student = spec.type.model_class(spec).from_pretrained(folder.parent / "student_intermediate")
+    student = spec.type.prediction_model(spec, spec.type.model_class(spec).from_pretrained(
+        folder.parent / "student_intermediate"), teacher, hidden_projection(folder.parent / "student_intermediate"))
     weight = config.distill.weights.get("prediction", 1.0)
     distill_step("prediction", config, spec, teacher, student, tokenizer, train_set, {"prediction": weight},
                   config.distill.prediction, folder, run_id, device,

@@ -160,9 +160,11 @@ def quantize_onnx(source: Path, target: Path) -> None:
 
 
 def weights_hash(folder: Path) -> str:
-    """SHA-256 (first 16 hex digits) of a checkpoint's weight files: what an export was made from."""
+    """SHA-256 (first 16 hex digits) of a checkpoint's weight files (and of a sentence-transformers Dense module's,
+    which the model runs after the pooling): what an export was made from."""
     digest = hashlib.sha256()
-    for path in sorted([*folder.glob("*.safetensors"), *folder.glob("pytorch_model*.bin")]):
+    for path in sorted([*folder.glob("*.safetensors"), *folder.glob("pytorch_model*.bin"),
+                        *folder.glob("*_Dense/*.safetensors")]):
         if path.name == "projections.safetensors":
             continue
         with path.open("rb") as handle:

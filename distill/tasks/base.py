@@ -194,6 +194,13 @@ class TaskType:
         with nothing scored, whose loss is 0 by definition, would stop it. This default: every position."""
         return (student_logits.float() != teacher_logits.float()).any()
 
+    def prediction_model(self, spec: TaskSpec, student, teacher, projection: "torch.nn.Linear | None" = None):
+        """The model the prediction step trains, from the intermediate step's ``student``: this default, the student
+        itself; a type may add a learnt part it ships with the student (sentence embeddings: a map to the teacher's
+        width). ``projection``: the intermediate step's learnt hidden-state projection W_h (H_S -> H_T, TinyBERT
+        Eq. 8), None where it had none."""
+        return student
+
     def prediction_head(self, spec: TaskSpec) -> PredictionHead:
         """What the distillation objective asks of the head for this task (:class:`distill.method.objective.
         PredictionHead`: the logits of a model's outputs, the prediction loss and whether its inputs differ), bound

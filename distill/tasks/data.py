@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import datasets
@@ -25,8 +25,9 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 def task_spec(config) -> TaskSpec:
-    """The spec of the configured task: a GLUE task by name, or a user's task described by ``task.train_file``,
-    ``text_columns``, ``label_column``, ``label_names`` / ``regression`` and ``metrics``.
+    """The spec of the configured task: a named task (GLUE, ...; ``task.options`` set over its own options), or a
+    user's task described by ``task.train_file``, ``text_columns``, ``label_column``, ``label_names`` /
+    ``regression`` and ``metrics``.
 
     A user's classification task without ``label_names`` takes the distinct labels of its training file, sorted
     (numerically when they are all integers).
@@ -42,7 +43,8 @@ def task_spec(config) -> TaskSpec:
         if config.task_type not in (None, spec.task_type):
             raise DataError(f"task.task_type: {config.name} is a {spec.task_type} task, not {config.task_type}; "
                             "leave task_type unset for a named task")
-        return spec
+        # task.options set over the named task's own (a sentence-embedding task's pooling, teacher_space)
+        return replace(spec, options={**spec.options, **config.options}) if config.options else spec
     return get_task_type(config.task_type or DEFAULT_TYPE).user_spec(config)
 
 

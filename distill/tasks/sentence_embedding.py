@@ -21,6 +21,14 @@ Shapes: B sentences, T tokens, H hidden size. The type's outputs are the token e
 - **Chance**: 0, embeddings unrelated to the scores.
 - **What ships**: the student folder is a sentence-transformers folder too (``modules.json``, ``1_Pooling``,
   ``2_Normalize``), so ``SentenceTransformer(path)`` loads it and encodes with the teacher's pooling.
+- **The teacher's space** (``task.options.teacher_space``, default false): a student narrower than the teacher gets a
+  learnt linear map of its embeddings to the teacher's width (H_S -> H_T, with bias), trained in the prediction step
+  by the mean squared difference to the teacher's embedding (Reimers and Gurevych 2020, Eq. 1) and shipped as the
+  folder's sentence-transformers ``Dense`` module (``modules.json``: Transformer, Pooling, Dense, Normalize): the
+  student's query embeddings can then be searched against an index the teacher built. The map starts as the
+  intermediate step's learnt hidden-state projection W_h (TinyBERT Eq. 8), which already maps the student's last
+  hidden states to the teacher's. Mean or first-token pooling only: a linear map commutes with them, so the map is
+  applied to every token's embedding before the pooling (:class:`ProjectedEncoder`), the same as after it.
 
 Named tasks: ``stsb_embedding``, STS-B's GLUE files (``--data-dir path/to/glue/STS-B``): the student learns from the
 training pairs' sentences (the scores are not read) and is scored on the dev pairs; ``squad_retrieval``, SQuAD v1.1's
@@ -38,14 +46,17 @@ import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from distill.tasks.base import DataError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+from distill.tasks.base import DataError, ModelError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
 
 logger = logging.getLogger(__name__)
 
 EMBEDDING_METRICS = ("spearman", "pearson")  # Spearman first: the primary metric (MTEB's STS convention)
 RETRIEVAL_METRICS = ("mrr@10", "recall@1")  # a question against the passages: MRR@10 first
 POOLING_MODES = ("mean", "cls", "max")
+DENSE_TYPE = "sentence_transformers.models.Dense"
+IDENTITY = "torch.nn.modules.linear.Identity"  # the Dense module's activation, as sentence-transformers names it
 
 
 def _retrieval(spec: TaskSpec) -> bool:
@@ -64,6 +75,123 @@ def pooling(spec: TaskSpec) -> tuple[str, bool]:
     if mode not in POOLING_MODES:
         raise DataError(f"task.options.pooling: must be {', '.join(POOLING_MODES)}, got {mode!r}")
     return mode, bool(spec.options.get("normalize", True))
+
+
+def teacher_space(spec: TaskSpec) -> bool:
+    """Whether a student narrower than the teacher learns a map of its embeddings to the teacher's width and ships
+    it (``task.options.teacher_space``, default false).
+
+    Raises:
+        DataError: ``teacher_space`` with max pooling (the map is applied before the pooling, which only the mean
+            and the first token's commute with).
+    """
+    keep = bool(spec.options.get("teacher_space", False))
+    if keep and pooling(spec)[0] == "max":
+        raise DataError("task.options.teacher_space: the map to the teacher's width needs mean or cls pooling "
+                        "(task.options.pooling), not max; or set task.options.teacher_space: false")
+    return keep
+
+
+class ProjectedEncoder(nn.Module):
+    """An encoder whose token embeddings are mapped linearly to another width: ``last_hidden_state`` (B, T, H_S) ->
+    (B, T, H_out); the hidden states the intermediate terms read are the encoder's own. Pooled by the mean over real
+    tokens or the first token, the result is sentence-transformers' Dense module (identity activation) after the
+    pooling, as the saved folder runs it.
+
+    Args:
+        encoder: a `transformers` encoder (``BertModel``, ``MPNetModel``, ...).
+        projection: ``nn.Linear(H_S, H_out)``.
+    """
+
+    def __init__(self, encoder: nn.Module, projection: nn.Linear):
+        super().__init__()
+        self.encoder, self.projection = encoder, projection
+
+    @property
+    def config(self):
+        return self.encoder.config
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.encoder.get_input_embeddings()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **kwargs):
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        outputs = self.encoder(**{k: v for k, v in inputs.items() if v is not None}, **kwargs)
+        outputs.last_hidden_state = self.projection(outputs.last_hidden_state)
+        return outputs
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        """The encoder as `transformers` saves it, and the map as sentence-transformers' Dense module in
+        ``folder/2_Dense`` (``config.json``, ``model.safetensors``); :func:`write_sentence_transformers` lists it."""
+        self.encoder.save_pretrained(folder, **kwargs)
+        write_dense(Path(folder) / "2_Dense", self.projection)
+
+
+def write_dense(folder: Path, projection: nn.Linear) -> None:
+    """``projection`` as sentence-transformers' Dense module saves itself: ``config.json`` (in_features,
+    out_features, bias, identity activation) and ``model.safetensors`` (``linear.weight`` (out, in), ``linear.bias``
+    (out,), float32)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "in_features": projection.in_features, "out_features": projection.out_features,
+        "bias": projection.bias is not None, "activation_function": IDENTITY}, indent=2), encoding="utf-8")
+    save_file({f"linear.{k}": v.detach().float().contiguous().cpu() for k, v in projection.state_dict().items()},
+              folder / "model.safetensors")
+
+
+def read_dense(folder) -> nn.Linear | None:
+    """The Dense module of a sentence-transformers folder as an ``nn.Linear`` (None for a folder without one).
+
+    Raises:
+        ModelError: a Dense module with an activation other than the identity, or more than one (this encoder runs
+            one linear map after the pooling).
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dense = [m for m in modules if m.get("type", "").endswith("Dense")]
+    if not dense:
+        return None
+    if len(dense) > 1:
+        raise ModelError(f"{folder}/modules.json: {len(dense)} Dense modules; a student or teacher here may have one")
+    path = folder / dense[0]["path"]
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if config.get("activation_function", IDENTITY) != IDENTITY:
+        raise ModelError(f"{path}/config.json: activation_function {config['activation_function']}; only the "
+                         f"identity ({IDENTITY}) is read here")
+    projection = nn.Linear(config["in_features"], config["out_features"], bias=config.get("bias", True))
+    weights = load_file(path / "model.safetensors")
+    projection.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+    return projection
+
+
+class SentenceEncoder:
+    """The model class of the type: ``from_pretrained`` loads a folder's encoder (``AutoModel``) and, when the
+    folder is a sentence-transformers one with a Dense module, returns it with that map
+    (:class:`ProjectedEncoder`)."""
+
+    @staticmethod
+    def from_config(config, **kwargs):
+        """A new encoder of ``config`` (``AutoModel.from_config``): a student as the pipeline builds it."""
+        from transformers import AutoModel
+
+        return AutoModel.from_config(config, **kwargs)
+
+    @staticmethod
+    def from_pretrained(folder, **kwargs):
+        from transformers import AutoModel
+
+        loaded = AutoModel.from_pretrained(folder, **kwargs)
+        encoder, info = loaded if kwargs.get("output_loading_info") else (loaded, None)
+        projection = read_dense(folder) if Path(str(folder)).is_dir() else None
+        model = encoder if projection is None else ProjectedEncoder(encoder, projection)
+        return (model, info) if info is not None else model
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str = "mean", normalize: bool = False) -> torch.Tensor:
@@ -147,14 +275,20 @@ def read_pooling(folder) -> dict | None:
 
 def write_sentence_transformers(folder: Path, hidden_size: int, mode: str, normalize: bool,
                                 max_seq_length: int) -> None:
-    """Make a saved encoder folder a sentence-transformers one: ``modules.json`` (the encoder, its pooling and the
-    normalisation), ``1_Pooling/config.json``, ``2_Normalize`` and ``sentence_bert_config.json``."""
+    """Make a saved encoder folder a sentence-transformers one: ``modules.json`` (the encoder, its pooling, the Dense
+    map to the teacher's width when ``2_Dense`` holds one (:meth:`ProjectedEncoder.save_pretrained`), and the
+    normalisation), ``1_Pooling/config.json``, ``2_Normalize`` (``3_Normalize`` after a Dense) and
+    ``sentence_bert_config.json``. ``hidden_size``: the encoder's width (what the pooling reads)."""
     folder = Path(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if (folder / "2_Dense" / "config.json").is_file():
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": DENSE_TYPE})
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
+        path = f"{len(modules)}_Normalize"
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
+                        "type": "sentence_transformers.models.Normalize"})
+        (folder / path).mkdir(parents=True, exist_ok=True)
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({
         "word_embedding_dimension": hidden_size, "pooling_mode_cls_token": mode == "cls",
@@ -199,9 +333,22 @@ class SentenceEmbedding(TaskType):
     teacher_as_is = True  # the teacher is the encoder users deploy: it is never fine-tuned here
 
     def model_class(self, spec):
-        from transformers import AutoModel
+        return SentenceEncoder
 
-        return AutoModel
+    def prediction_model(self, spec, student, teacher, projection=None):
+        """With ``task.options.teacher_space`` and a student narrower than the teacher, the student with a map of
+        its embeddings to the teacher's width (:class:`ProjectedEncoder`), starting as ``projection`` (the
+        intermediate step's W_h) when it fits, else as ``nn.Linear``'s draw."""
+        width, target = student.config.hidden_size, teacher.config.hidden_size
+        if not teacher_space(spec) or width == target or isinstance(student, ProjectedEncoder):
+            return student
+        linear = nn.Linear(width, target)
+        if projection is not None and projection.weight.shape == linear.weight.shape:
+            linear.load_state_dict(projection.state_dict())
+            logger.info("the map to the teacher's space (%d -> %d) starts as the intermediate step's W_h", width, target)
+        else:
+            logger.info("the map to the teacher's space (%d -> %d) starts as drawn", width, target)
+        return ProjectedEncoder(student, linear)
 
     def head_config(self, spec):
         return {}
