@@ -61,6 +61,28 @@ def test_each_stage_is_its_steps_and_passes_priced_by_the_clock(job):
     assert {layers for layers, _, _ in clock.calls} == {3, 6}
 
 
+def test_a_resumed_stage_is_priced_from_its_newest_checkpoint_on(job, tmp_path):
+    config, data, spec = job
+    folders = {name: tmp_path / name for name in ("teacher", "student")}
+    steps = {"teacher": math.ceil(config.teacher.train.num_epochs * math.ceil(100 / config.teacher.train.batch_size)),
+             "student": config.distill.prediction.max_steps or math.ceil(
+                 config.distill.prediction.num_epochs * math.ceil(160 / config.distill.prediction.batch_size))}
+    for name, folder in folders.items():  # half the steps behind each (an older checkpoint beside the newest)
+        (folder / "checkpoints" / f"step-{steps[name] // 4:06d}").mkdir(parents=True)
+        (folder / "checkpoints" / f"step-{steps[name] // 2:06d}").mkdir()
+    fresh = [{"stage": name, "action": "run", "folder": str(folder)} for name, folder in folders.items()]
+    resumed = [{**row, "action": "resume"} for row in fresh]
+    whole = estimate_minutes(config, fresh, data, spec, FixedClock())
+    left = estimate_minutes(config, resumed, data, spec, FixedClock())
+    scale = (1 + LOOP_OVERHEAD) / 60
+    for name in folders:  # the steps behind it, at 2 s each, left out (and the dev evaluations among them)
+        saved = whole[name] - left[name]
+        assert saved >= steps[name] // 2 * 2.0 * scale - 1e-9
+        assert saved <= (steps[name] // 2 * 2.0 + config.teacher.train.num_epochs * 0.5) * scale + 1e-9
+    empty = [{"stage": "student", "action": "resume", "folder": str(tmp_path / "nothing")}]  # no checkpoint yet
+    assert estimate_minutes(config, empty, data, spec, FixedClock())["student"] == pytest.approx(whole["student"])
+
+
 def test_a_sweeps_student_is_priced_at_its_own_shape(job):
     config, data, spec = job
     small = load_config("sst2_minilm.yaml", {"student.preset": None, "student.num_hidden_layers": 2,

@@ -273,8 +273,9 @@ def estimate_minutes(config, rows: list[dict], data, spec, clock: Clock | None =
         entries: {name: config} of a sweep's students: a row ``"<name>: <stage>"`` is priced with that student.
 
     Returns:
-        {stage as the row names it: minutes} for the stages that run; a resumed stage is priced whole (an upper
-        bound).
+        {stage as the row names it: minutes} for the stages that run; a resumed training stage is priced from its
+        newest checkpoint on (the steps left, and the dev evaluations among them), another resumed stage whole (an
+        upper bound).
     """
     from students.build import student_config, student_shape
     from teachers.models import load_config, load_tokenizer
@@ -301,15 +302,27 @@ def estimate_minutes(config, rows: list[dict], data, spec, clock: Clock | None =
         parts = row["stage"].split(": ")
         name = next((part for part in parts if part in students), None)
         job = (entries or {}).get(name, config)
-        cost = _stage_seconds(parts[-1], job, students.get(name, default), teacher_config, lengths, data, spec, clock)
+        done = steps_done(row) if row["action"] == "resume" else 0
+        cost = _stage_seconds(parts[-1], job, students.get(name, default), teacher_config, lengths, data, spec, clock,
+                              done)
         if cost is not None:
             seconds[row["stage"]] = cost * (1 + LOOP_OVERHEAD)
     return {stage: value / 60 for stage, value in seconds.items()}
 
 
-def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths, data, spec, clock: Clock
-                   ) -> float | None:
-    """Model seconds of one stage (see :func:`estimate_minutes`); None for a stage not priced."""
+def steps_done(row: dict) -> int:
+    """The optimizer steps a resumed stage's newest checkpoint holds (``<folder>/checkpoints/step-N``); 0 where it
+    has none (a stage that resumes by shards, or one interrupted before its first checkpoint)."""
+    from distill.method.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(Path(row["folder"]) / "checkpoints") if row.get("folder") else None
+    return int(found.name.removeprefix("step-")) if found is not None else 0
+
+
+def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths, data, spec, clock: Clock,
+                   done: int = 0) -> float | None:
+    """Model seconds of one stage (see :func:`estimate_minutes`); None for a stage not priced. ``done``: the
+    optimizer steps a resumed stage has behind it (:func:`steps_done`), left out of its training steps."""
     import dataclasses
 
     from augment.dataset import examples_to_augment, masked_lm_words
@@ -334,7 +347,7 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
 
     def step(model, train, rows_in) -> float:
         length = lengths.padded(train.batch_size, train.group_by_length)
-        return _steps(train, rows_in) * clock.seconds(model, train.batch_size, length, "step")
+        return max(0, _steps(train, rows_in) - done) * clock.seconds(model, train.batch_size, length, "step")
 
     def forward(model, rows_in, batch=EVAL_BATCH, dev=False) -> float:
         length = lengths.padded(batch, True, dev)
@@ -350,11 +363,13 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
         steps = _steps(train, teacher_train * windows)
         evaluations = (steps // config.teacher.eval_steps if config.teacher.eval_steps else
                        max(1, math.ceil(train.num_epochs))) if config.teacher.select_best else 1
+        evaluations = max(1, math.ceil(evaluations * max(0, steps - done) / max(1, steps)))  # those still to come
         return step(teacher_config, train, teacher_train * windows) + evaluations * forward(teacher_config, dev_rows,
                                                                                              dev=True)
     if stage == "mlm":
         mlm, train = load_config(config.mlm.base_model), config.mlm.train
-        return _steps(train, 10_000) * clock.seconds(mlm, train.batch_size, config.mlm.max_seq_length, "mlm_step")
+        return max(0, _steps(train, 10_000) - done) * clock.seconds(mlm, train.batch_size, config.mlm.max_seq_length,
+                                                                     "mlm_step")
     if stage == "augmented":
         mlm = load_config(config.mlm.model or config.mlm.base_model)
         per_piece = clock.seconds(mlm, EVAL_BATCH, 64, "mlm_forward") / (EVAL_BATCH * 64)
@@ -372,7 +387,8 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
         cost = step(student, train, rows_trained)
         if config.distill.teacher_cache is None:  # the teacher runs beside the student at every step
             length = lengths.padded(train.batch_size, train.group_by_length)
-            cost += _steps(train, rows_trained) * clock.seconds(teacher_config, train.batch_size, length, "forward")
+            cost += max(0, _steps(train, rows_trained) - done) * clock.seconds(teacher_config, train.batch_size,
+                                                                             length, "forward")
         return cost
     if stage == "teacher_logits":
         return forward(teacher_config, rows_trained)
@@ -383,7 +399,7 @@ def _stage_seconds(stage: str, config, student, teacher_config, lengths: Lengths
         if not general.train.max_steps:
             return None
         batch, length = general.train.batch_size, general.max_seq_length
-        return general.train.max_steps * (clock.seconds(student, batch, length, "step")
+        return max(0, general.train.max_steps - done) * (clock.seconds(student, batch, length, "step")
                                           + clock.seconds(teacher_config, batch, length, "forward"))
     if stage == "report":  # both models scored on dev, then timed (about 20 repeats at each batch size)
         return forward(teacher_config, dev_rows, dev=True) + forward(student, dev_rows, dev=True) + 40.0
