@@ -282,7 +282,9 @@ def test_a_narrower_student_keeps_the_teachers_space_end_to_end(tmp_path):
     write_sentence_transformers(tmp_path / "teacher_model", 32, "mean", True, 32)
     report = run_pipeline(load_config(path))
     out = tmp_path / "run"
-    assert {"spearman", "report/spearman"} <= set(report["models"]["student"]["dev"])
+    # scored in its own space and, its embeddings being the teacher's width, against the teacher's (each half too)
+    assert {"spearman", "report/spearman", "teacher_index/spearman", "report/teacher_index/spearman",
+            "tuning/teacher_index/spearman"} <= set(report["models"]["student"]["dev"])
     modules = [m["type"].rsplit(".", 1)[1] for m in json.loads((out / "student" / "modules.json").read_text())]
     assert modules == ["Transformer", "Pooling", "Dense", "Normalize"]
     encoder = SentenceTransformer(str(out / "student"), device="cpu")
@@ -302,3 +304,36 @@ def test_a_narrower_student_keeps_the_teachers_space_end_to_end(tmp_path):
     start = hidden_projection(out / "student_intermediate")
     assert start is not None and start.weight.shape == model.projection.weight.shape
     assert not torch.equal(start.weight, model.projection.weight)
+
+
+def test_the_students_embeddings_are_read_against_the_teachers_where_they_share_its_width():
+    """Retrieval: the student's queries against the teacher's passages; scored pairs: each pair's cosine between the
+    student's embedding of one sentence and the teacher's of the other, both ways."""
+    spec = get_task("squad_retrieval")
+    labels = [{"example": e, "score": p} for e, p in ((0, 0.0), (0, 0.0), (1, 1.0), (1, 1.0))]
+    student = [np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]]),   # question 0, (its passage as the student embeds it)
+               np.array([[0.0, 1.0]]), np.array([[1.0, 0.0]])]   # question 1
+    teacher = [np.array([[0.0, 1.0]]), np.array([[1.0, 0.0]]),   # the teacher's passage 0 is where the student's
+               np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]])]   # question 0 points; passage 1 where question 1 does
+    assert spec.type.compute_metrics(spec, student, labels) == {"mrr@10": 0.5, "recall@1": 0.0}  # its own index
+    assert spec.type.paired_metrics(spec, student, teacher, labels) == {"mrr@10": 1.0, "recall@1": 1.0}
+    pairs = [{"example": e, "score": s} for e, s in ((0, 1.0), (0, 1.0), (1, 5.0), (1, 5.0), (2, 3.0), (2, 3.0))]
+    ours = [np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]]), np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]]),
+            np.array([[1.0, 0.0]]), np.array([[1.0, 0.0]])]
+    theirs = [np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]]), np.array([[0.0, 1.0]]), np.array([[1.0, 0.0]]),
+              np.array([[1.0, 1.0]]), np.array([[1.0, 1.0]])]
+    # cosines across, both ways: pair 0 (0 + 0) / 2, pair 1 (1 + 1) / 2, pair 2 (0.707 + 0.707) / 2, ranked as the
+    # scores 1, 5, 3; the student's own: 0, 0, 1
+    found = SPEC.type.paired_metrics(SPEC, ours, theirs, pairs)
+    assert found["spearman"] == pytest.approx(1.0)
+    assert SPEC.type.compute_metrics(SPEC, ours, pairs)["spearman"] == pytest.approx(0.0)
+    from transformers import BertModel
+
+    from tests.conftest import tiny_bert_config
+
+    wide = BertModel(tiny_bert_config(hidden_size=32), add_pooling_layer=False)
+    narrow = BertModel(tiny_bert_config(hidden_size=16, num_attention_heads=2, intermediate_size=32),
+                       add_pooling_layer=False)
+    assert SPEC.type.against_teacher(SPEC, wide, wide)
+    assert not SPEC.type.against_teacher(SPEC, narrow, wide)
+    assert SPEC.type.against_teacher(SPEC, ProjectedEncoder(narrow, torch.nn.Linear(16, 32)), wide)

@@ -70,7 +70,7 @@ from distill.method.trainer import train
 from distill.tasks import record_serving, record_tuned
 from distill.tasks.base import TaskSpec, TaskType
 from distill.tasks.data import collator
-from distill.tasks.evaluate import evaluate_task, predict
+from distill.tasks.evaluate import evaluate_against_teacher, evaluate_task, predict
 from students import build_student
 from teachers import (
     check_same_vocabulary,
@@ -364,6 +364,9 @@ def prediction_step(config: PipelineConfig, spec: TaskSpec, data: datasets.Datas
         save_student(folder, student, tokenizer)
         spec.type.finish_folder(spec, student, folder, config.task.max_seq_length)  # e.g. sentence-transformers files
         metrics = evaluate_task(student, data, tokenizer, spec, config.task.max_seq_length, device=device)
+        # and read against the teacher's outputs where the type scores that (embeddings searched in its index)
+        metrics.update(evaluate_against_teacher(student, teacher, data, tokenizer, spec, config.task.max_seq_length,
+                                                device=device))
         logger.info("student dev metrics: %s", metrics)
         tuned = ship_tuned(folder, student, spec, metrics)
         weights = prediction_terms(config.distill.weights, config.distill.hard_label_weight)

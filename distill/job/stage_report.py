@@ -43,7 +43,7 @@ from distill.publish.report import (
 )
 from distill.tasks.base import TaskSpec
 from distill.tasks.data import DataSource
-from distill.tasks.evaluate import evaluate_task
+from distill.tasks.evaluate import PAIRED, evaluate_task
 from distill.tasks.split import REPORT, half_key
 from teachers import (
     load_tokenizer,
@@ -150,7 +150,8 @@ def rescored(record: dict, folder: Path, config: PipelineConfig, spec: TaskSpec,
     fine-tuning history, scored the old way, dropped), so the report never compares a teacher and a student scored
     two ways."""
     def missing(found: dict | None) -> list[str]:
-        names = (*spec.metrics, *spec.type.summary_metrics, half_key(REPORT, spec.metrics[0]))
+        names = (*spec.metrics, half_key(REPORT, spec.metrics[0]),  # a teacher has no teacher_index/ metrics
+                 *(name for name in spec.type.summary_metrics if not name.startswith(f"{PAIRED}/")))
         return list(names) if found is None else [name for name in names if name not in found.get("dev", {})]
 
     stale = missing(record)

@@ -201,6 +201,17 @@ class TaskType:
         Eq. 8), None where it had none."""
         return student
 
+    def against_teacher(self, spec: TaskSpec, student, teacher) -> bool:
+        """Whether the student's outputs are also scored against the teacher's (:meth:`paired_metrics`); this
+        default: never."""
+        return False
+
+    def paired_metrics(self, spec: TaskSpec, outputs: Any, teacher_outputs: Any, labels: Any) -> dict[str, float]:
+        """Metrics of the student's dev outputs read against the teacher's on the same rows (sentence embeddings in
+        the teacher's space: the student's queries against the teacher's passages); keys as :meth:`compute_metrics`
+        names them, reported under ``teacher_index/``. Only called where :meth:`against_teacher` is true."""
+        return {}
+
     def prediction_head(self, spec: TaskSpec) -> PredictionHead:
         """What the distillation objective asks of the head for this task (:class:`distill.method.objective.
         PredictionHead`: the logits of a model's outputs, the prediction loss and whether its inputs differ), bound

@@ -124,3 +124,29 @@ def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, *
             model, encoded, tokenizer, spec, device=device, batch_size=batch_size, context=context,
             halves=halves).items()})
     return metrics
+
+
+PAIRED = "teacher_index"  # the key prefix of metrics of the student's outputs read against the teacher's
+
+
+def evaluate_against_teacher(student, teacher, data, tokenizer, spec: TaskSpec, max_seq_length: int, *,
+                             device: torch.device | str, batch_size: int = 64) -> dict[str, float]:
+    """The student's outputs on the main dev set read against the teacher's (:meth:`TaskType.paired_metrics`), on
+    the whole set and on its halves: ``teacher_index/<metric>``, ``report/teacher_index/<metric>``,
+    ``tuning/teacher_index/<metric>``; {} where the type does not score the pair (:meth:`TaskType.against_teacher`).
+    Both models must be on ``device``."""
+    if not spec.type.against_teacher(spec, student, teacher):
+        return {}
+    split = next(split for split, suffix in spec.dev_splits.items() if not suffix)
+    encoded = tokenize(data[split], tokenizer, spec, max_seq_length)
+    pairs = list(zip(*(predict(model, encoded, tokenizer, task_type=spec.type, device=device, batch_size=batch_size)
+                       for model in (student, teacher))))
+    labels = encoded["labels"]
+
+    def compute(rows, row_labels, context=None, settings=None) -> dict[str, float]:
+        ours, theirs = zip(*rows) if rows else ((), ())
+        return {f"{PAIRED}/{name}": value
+                for name, value in spec.type.paired_metrics(spec, list(ours), list(theirs), row_labels).items()}
+
+    halves = dev_scorer(spec, data, split, encoded, tokenizer, max_seq_length)
+    return {**compute(pairs, labels), **halves.score(pairs, labels, compute)}

@@ -226,9 +226,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def similarity_metrics(first: np.ndarray, second: np.ndarray, scores: np.ndarray) -> dict[str, float]:
     """Spearman and Pearson correlation of the pairs' cosine similarities with their gold scores (0 where either is
     constant, undefined)."""
+    return correlations(cosine(first, second), scores)
+
+
+def correlations(similarity: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """Spearman and Pearson correlation of (N,) similarities with (N,) gold scores (0 where either is constant)."""
     from scipy.stats import pearsonr, spearmanr
 
-    similarity = cosine(first, second)
     scores = np.asarray(scores, dtype=np.float64)
     if len(scores) < 2 or np.ptp(similarity) == 0 or np.ptp(scores) == 0:
         return {"spearman": 0.0, "pearson": 0.0}
@@ -323,6 +327,8 @@ class SentenceEmbedding(TaskType):
 
     name = "sentence_embedding"
     metric_names = EMBEDDING_METRICS + RETRIEVAL_METRICS
+    # the student's embeddings read against the teacher's, where they share its space (:meth:`paired_metrics`)
+    summary_metrics = tuple(f"teacher_index/{name}" for name in EMBEDDING_METRICS + RETRIEVAL_METRICS)
     per_token = True
     pipeline_tag = "sentence-similarity"
     library_name = "sentence-transformers"
@@ -345,7 +351,8 @@ class SentenceEmbedding(TaskType):
         linear = nn.Linear(width, target)
         if projection is not None and projection.weight.shape == linear.weight.shape:
             linear.load_state_dict(projection.state_dict())
-            logger.info("the map to the teacher's space (%d -> %d) starts as the intermediate step's W_h", width, target)
+            logger.info("the map to the teacher's space (%d -> %d) starts as the intermediate step's W_h",
+                        width, target)
         else:
             logger.info("the map to the teacher's space (%d -> %d) starts as drawn", width, target)
         return ProjectedEncoder(student, linear)
@@ -434,30 +441,62 @@ class SentenceEmbedding(TaskType):
     def row_examples(self, labels):
         return [label["example"] for label in labels]
 
+    def against_teacher(self, spec, student, teacher):
+        """Where the student embeds in the teacher's width (its own, or mapped to it: ``teacher_space``)."""
+        width = (student.projection.out_features if isinstance(student, ProjectedEncoder)
+                 else student.config.hidden_size)
+        return width == teacher.config.hidden_size
+
+    def paired_metrics(self, spec, outputs, teacher_outputs, labels):
+        """The student's embeddings against the teacher's: retrieval, the student's queries against the teacher's
+        passages (a student encoding queries for an index the teacher built); scored pairs, each pair's cosine
+        taken between the student's embedding of one sentence and the teacher's of the other (the mean of both
+        ways)."""
+        mode, normalize = pooling(spec)
+        ours, theirs = pool_rows(outputs, mode, normalize), pool_rows(teacher_outputs, mode, normalize)
+        queries, passages, pairs = self._pairs(spec, labels)
+        if _retrieval(spec):
+            metrics = retrieval_metrics(ours[queries], theirs[list(passages.values())], pairs)
+        else:
+            first, second = pairs
+            scores = np.array([labels[row]["score"] for row in first])
+            similarity = (cosine(ours[first], theirs[second]) + cosine(theirs[first], ours[second])) / 2
+            metrics = correlations(similarity, scores)
+        return {name: metrics[name] for name in spec.metrics}
+
+    def _pairs(self, spec, labels):
+        """The rows of the pairs both of whose sentences are in ``labels``: for retrieval, (the queries' rows,
+        {passage: its first row}, each query's gold passage index among those); for scored pairs, (None, None,
+        (first rows, second rows)).
+
+        Raises:
+            DataError: scored pairs with no complete pair (a dev file of one text column)."""
+        pairs: dict[int, list[int]] = {}
+        for row, example in enumerate(self.row_examples(labels)):
+            pairs.setdefault(example, []).append(row)
+        complete = [rows for rows in pairs.values() if len(rows) == 2]
+        if not _retrieval(spec):
+            if not complete:
+                raise DataError(f"task {spec.name}: scoring embeddings needs sentence pairs with a score (two text "
+                                "columns), as STS-B's dev file has")
+            return None, None, ([rows[0] for rows in complete], [rows[1] for rows in complete])
+        corpus: dict[float, int] = {}
+        for rows in complete:
+            corpus.setdefault(labels[rows[0]]["score"], rows[1])  # a passage once, its first row's embedding
+        order = {passage: i for i, passage in enumerate(corpus)}
+        return ([rows[0] for rows in complete], corpus,
+                np.array([order[labels[rows[0]]["score"]] for rows in complete]))
+
     def compute_metrics(self, spec, outputs, labels, context=None):
         mode, normalize = pooling(spec)
         embeddings = pool_rows(outputs, mode, normalize)
-        examples = self.row_examples(labels)
-        pairs: dict[int, list[int]] = {}
-        for row, example in enumerate(examples):
-            pairs.setdefault(example, []).append(row)
-        complete = [rows for rows in pairs.values() if len(rows) == 2]
+        queries, passages, pairs = self._pairs(spec, labels)
         if _retrieval(spec):  # each question against every passage of these examples
-            corpus: dict[float, int] = {}
-            for rows in complete:
-                corpus.setdefault(labels[rows[0]]["score"], rows[1])  # a passage once, its first row's embedding
-            order = {passage: i for i, passage in enumerate(corpus)}
-            queries = embeddings[[rows[0] for rows in complete]]
-            gold = np.array([order[labels[rows[0]]["score"]] for rows in complete])
-            metrics = retrieval_metrics(queries, embeddings[list(corpus.values())], gold)
-            return {name: metrics[name] for name in spec.metrics}
-        if not complete:
-            raise DataError(f"task {spec.name}: scoring embeddings needs sentence pairs with a score (two text "
-                            "columns), as STS-B's dev file has")
-        first = embeddings[[rows[0] for rows in complete]]
-        second = embeddings[[rows[1] for rows in complete]]
-        scores = np.array([labels[rows[0]]["score"] for rows in complete])
-        metrics = similarity_metrics(first, second, scores)
+            metrics = retrieval_metrics(embeddings[queries], embeddings[list(passages.values())], pairs)
+        else:
+            first, second = pairs
+            scores = np.array([labels[row]["score"] for row in first])
+            metrics = similarity_metrics(embeddings[first], embeddings[second], scores)
         return {name: metrics[name] for name in spec.metrics}
 
     def prediction_loss(self, spec, student_logits, teacher_logits, batch, *, temperature, temperature_squared,
