@@ -109,6 +109,14 @@ def test_the_choice_ships_with_its_search_and_a_card_naming_the_budget(compresse
     assert record["chosen"] == first["chosen"] and (folder / "compress.png").is_file()
     text = (folder / "compress.md").read_text()
     assert f"Chosen: **{first['chosen']}**" in text and "| importance kept |" in text
+    # each distilled student's latency measured by the benchmark at the budget's batch and length, beside the search's
+    distilled = [shape for shape in record["shapes"] if shape.get("result")]
+    assert distilled and "| search vs benchmark |" in text
+    for shape in distilled:
+        result = shape["result"]
+        assert result["latency_error"] == pytest.approx(shape["latency_ms"] / result["benchmark_ms"] - 1)
+        assert isinstance(result["meets_budget_measured"], bool)
+    assert record["meets_budget_measured"] is not None and record["teacher"]["benchmark_ms"] > 0
     card = (out / first["student"] / "README.md").read_text()
     assert "## Chosen by `compress`" in card and "2x faster than the teacher at batch 32, length 16" in card
     # a student the searches chose twice names both budgets; one they distilled but did not choose names none
@@ -118,6 +126,21 @@ def test_the_choice_ships_with_its_search_and_a_card_naming_the_budget(compresse
             assert "## Chosen by `compress`" not in (out / "students" / shape["name"] / "student" / "README.md").read_text()
     if second["chosen"] == first["chosen"]:
         assert "at most 4 ms at batch 32, length 16" in card
+
+
+def test_the_budget_is_judged_again_on_the_benchmarks_measurement():
+    from distill.job.compress import Budget, Shape, latency_check
+
+    shape = Shape(2, 192, 4, 384, latency_ms=10.0)
+    budget = Budget(speedup=5, batch_size=32, seq_length=16)
+    teacher = {"latency_ms": {"b1_t16": 20.0, "b32_t16": 60.0}}
+    assert budget.allows(shape, 60.0)  # the search: 6x
+    found = latency_check(shape, budget, {"latency_ms": {"b32_t16": 12.5}}, teacher)
+    assert found == {"benchmark_ms": 12.5, "latency_error": pytest.approx(-0.2), "faster_by_measured": 4.8,
+                     "meets_budget_measured": False}  # measured, 4.8x: short of 5x
+    assert latency_check(shape, budget, {"latency_ms": {"b1_t16": 5.0}}, teacher) == {}  # not timed at the budget's
+    latency = Budget(latency_ms=11, batch_size=32, seq_length=16)
+    assert latency_check(shape, latency, {"latency_ms": {"b32_t16": 10.5}}, teacher)["meets_budget_measured"]
 
 
 def test_a_second_budget_reuses_what_the_first_measured_and_distilled(compressed):

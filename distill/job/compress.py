@@ -84,12 +84,20 @@ class Budget:
             return f"at most {self.latency_ms:g} ms at batch {self.batch_size}, length {self.seq_length}"
         return f"at most {self.size_mb:g} MB of weights"
 
-    def allows(self, shape: "Shape", teacher_ms: float) -> bool:
+    def allows(self, shape: "Shape", teacher_ms: float, latency_ms: float | None = None) -> bool:
+        """Whether ``shape`` meets the budget, at its search latency or at ``latency_ms`` (the benchmark's
+        measurement of the distilled student, against ``teacher_ms`` measured beside it)."""
+        latency_ms = shape.latency_ms if latency_ms is None else latency_ms
         if self.speedup is not None:
-            return teacher_ms / shape.latency_ms >= self.speedup
+            return teacher_ms / latency_ms >= self.speedup
         if self.latency_ms is not None:
-            return shape.latency_ms <= self.latency_ms
+            return latency_ms <= self.latency_ms
         return shape.size_mb <= self.size_mb
+
+    @property
+    def timing_key(self) -> str:
+        """The benchmark's latency key of the budget's batch size and length (``b32_t64``)."""
+        return f"b{self.batch_size}_t{self.seq_length}"
 
 
 @dataclass
@@ -228,6 +236,33 @@ def entries(config: PipelineConfig, chosen: list[Shape]) -> PipelineConfig:
     return dataclasses.replace(config, sweep=sweep)
 
 
+def timed_at_budget(config: PipelineConfig, budget: Budget) -> PipelineConfig:
+    """``config`` whose benchmark also times the budget's batch size and length, so the distilled students' measured
+    latency can be set against the search's (:func:`latency_check`)."""
+    timing = config.benchmark
+    return dataclasses.replace(config, benchmark=dataclasses.replace(
+        timing, batch_sizes=sorted({*timing.batch_sizes, budget.batch_size}),
+        seq_lengths=sorted({*timing.seq_lengths, budget.seq_length})))
+
+
+def latency_check(shape: Shape, budget: Budget, row: dict, teacher_row: dict) -> dict:
+    """The search's latency of ``shape`` (a forward pass of random weights) set against the benchmark's measurement
+    of the distilled student at the budget's batch size and length (``row``, ``teacher_row``: the benchmark's
+    PyTorch rows): ``benchmark_ms``, ``latency_error`` (search / benchmark - 1), ``faster_by_measured`` (the
+    teacher's latency over the student's, both measured by the benchmark) and ``meets_budget_measured``; {} when the
+    benchmark has no timing at that setting. A search latency more than 10% off is logged as a warning."""
+    key = budget.timing_key
+    measured, teacher = row["latency_ms"].get(key), teacher_row["latency_ms"].get(key)
+    if measured is None or teacher is None:
+        return {}
+    error = shape.latency_ms / measured - 1
+    if abs(error) > 0.10:
+        logger.warning("compress: %s: the search timed %.1f ms, the benchmark %.1f ms at %s (%+.0f%%); the budget is "
+                       "judged on the benchmark's", shape.name, shape.latency_ms, measured, key, 100 * error)
+    return {"benchmark_ms": measured, "latency_error": error, "faster_by_measured": teacher / measured,
+            "meets_budget_measured": budget.allows(shape, teacher, measured)}
+
+
 def pick(shapes: list[Shape], keep: float) -> Shape:
     """The fastest distilled shape that keeps at least ``keep`` of the teacher's metric, else the one keeping most."""
     done = [s for s in shapes if s.result.get("retained") is not None]
@@ -285,7 +320,7 @@ def run_compress(config: PipelineConfig, budget: Budget, keep: float = 0.97, can
         chosen = sorted(fits, key=lambda s: (-s.proxy, s.latency_ms))[:candidates]
         logger.info("compress: %d of %d shapes meet the budget (%s); distilling %s", len(fits), len(shapes),
                     budget.describe(), ", ".join(s.name for s in chosen))
-        sweep = entries(config, chosen)
+        sweep = timed_at_budget(entries(config, chosen), budget)
         report = _sweep(sweep, sweep_entries(sweep), device, benchmark_dir=folder / "benchmark")
     if report is None:  # another process of a multi-process launch: the main one writes the record
         return {}
@@ -294,12 +329,15 @@ def run_compress(config: PipelineConfig, budget: Budget, keep: float = 0.97, can
     for shape in chosen:
         row = rows[shape.name]
         shape.result = {"metric": row[metric], "retained": row["ratios"]["metric_retained"],
-                        "faster_by": row["ratios"]["faster_by"], "benchmark_ms": row["latency_ms"]}
+                        "faster_by": row["ratios"]["faster_by"],
+                        **latency_check(shape, budget, row, rows["teacher"])}
     best = pick(chosen, keep)
     record = {"budget": dataclasses.asdict(budget), "describe": budget.describe(), "keep": keep,
               "teacher_ms": teacher_ms, "metric": metric, "chosen": best.name,
               "meets": best.result["retained"] >= keep, "student": f"students/{best.name}/student",
-              "teacher": {"metric": rows["teacher"][metric]},
+              "meets_budget_measured": best.result.get("meets_budget_measured"),
+              "teacher": {"metric": rows["teacher"][metric],
+                          "benchmark_ms": rows["teacher"]["latency_ms"].get(budget.timing_key)},
               "shapes": [{**dataclasses.asdict(s), "name": s.name} for s in shapes]}
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / "compress.json", record)
@@ -378,7 +416,7 @@ def compress_markdown(record: dict) -> str:
              f"Chosen: **{record['chosen']}** ({'meets the budget and keeps the share' if record['meets'] else 'meets the budget; no distilled shape kept the share, it kept the most'}); "
              f"teacher {metric} {record['teacher']['metric']:.4f}, latency {record['teacher_ms']:.1f} ms.", "",
              f"| shape | parameters | size (MB) | latency (ms) | faster by | in budget | importance kept | {metric} "
-             "| retained |", "|---|---|---|---|---|---|---|---|---|"]
+             "| retained | benchmark latency (ms) | search vs benchmark |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ordered = sorted(record["shapes"], key=lambda s: s["latency_ms"])
     for shape in ordered:
         result = shape.get("result") or {}
@@ -388,10 +426,17 @@ def compress_markdown(record: dict) -> str:
             f"{record['teacher_ms'] / shape['latency_ms']:.1f}x", "yes" if shape["fits"] else "no",
             "-" if shape["proxy"] is None else f"{shape['proxy']:.3f}",
             f"{result['metric']:.4f}" if result else "-",
-            f"{100 * result['retained']:.1f}%" if result.get("retained") is not None else "-"]) + " |")
+            f"{100 * result['retained']:.1f}%" if result.get("retained") is not None else "-",
+            f"{result['benchmark_ms']:.1f}" if "benchmark_ms" in result else "-",
+            f"{100 * result['latency_error']:+.0f}%" if "latency_error" in result else "-"]) + " |")
     lines += ["", "Latency: median of the shape's forward passes on random weights on this machine (the teacher's "
               "too); importance kept: the proxy the shapes inside the budget are ranked by (distill/job/compress.py); "
-              "the distilled ones' scores from the benchmark in benchmark/ (on the dev set's report half)."]
+              "the distilled ones' scores from the benchmark in benchmark/ (on the dev set's report half), with their "
+              "latency measured there at the budget's batch size and length beside the teacher's, and the search's "
+              "latency against it."]
+    if record.get("meets_budget_measured") is not None:
+        lines += ["", f"Measured by the benchmark, the chosen student {'meets' if record['meets_budget_measured'] else 'does not meet'} "
+                  "the budget."]
     return "\n".join(lines) + "\n"
 
 
