@@ -337,3 +337,41 @@ def test_the_students_embeddings_are_read_against_the_teachers_where_they_share_
     assert SPEC.type.against_teacher(SPEC, wide, wide)
     assert not SPEC.type.against_teacher(SPEC, narrow, wide)
     assert SPEC.type.against_teacher(SPEC, ProjectedEncoder(narrow, torch.nn.Linear(16, 32)), wide)
+
+
+def test_teacher_space_is_checked_before_any_stage_and_moves_only_the_prediction_steps_run_id():
+    from distill.config import load_config
+    from distill.job.stages import STAGES
+    from distill.tasks import DataError
+
+    with pytest.raises(DataError, match="true or false"):
+        SPEC.type.check_options(_spec(teacher_space="false"))
+    with pytest.raises(DataError, match="mean or cls pooling"):
+        SPEC.type.check_options(_spec(teacher_space=True, pooling="max"))
+    inputs = {"mlm": "m", "teacher": "t", "student_intermediate": "s", "teacher_logits": "l"}
+
+    def ids(**overrides):
+        config = load_config("embedding_minilm.yaml", {"task.name": "stsb_embedding", **overrides})
+        return {name: STAGES[name].run_id(config, {k: inputs[k] for k in STAGES[name].inputs})
+                for name in ("teacher", "augmented", "pruned", "student")}
+
+    unset = ids()
+    assert ids(**{"task.options": {"teacher_space": False}}) == unset  # false as unset: no run id moves
+    kept = ids(**{"task.options": {"teacher_space": True}})
+    assert {name for name in unset if kept[name] != unset[name]} == {"student"}
+    pooled = ids(**{"task.options": {"pooling": "cls"}})  # another option still moves the stages that read it
+    assert pooled["teacher"] != unset["teacher"]
+
+
+def test_a_folder_with_a_dense_module_of_another_make_is_refused(tmp_path):
+    from transformers import BertModel
+
+    from distill.tasks import ModelError
+    from distill.tasks.sentence_embedding import write_dense
+    from tests.conftest import tiny_bert_config
+
+    BertModel(tiny_bert_config(), add_pooling_layer=False).save_pretrained(tmp_path)
+    write_dense(tmp_path / "2_Dense", torch.nn.Linear(32, 8))
+    write_sentence_transformers(tmp_path, 32, "mean", True, 32)  # e.g. a teacher whose embeddings are its Dense's
+    with pytest.raises(ModelError, match="Dense module"):
+        SentenceEncoder.from_pretrained(tmp_path)

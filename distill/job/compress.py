@@ -416,7 +416,7 @@ def compress_markdown(record: dict) -> str:
              f"Chosen: **{record['chosen']}** ({'meets the budget and keeps the share' if record['meets'] else 'meets the budget; no distilled shape kept the share, it kept the most'}); "
              f"teacher {metric} {record['teacher']['metric']:.4f}, latency {record['teacher_ms']:.1f} ms.", "",
              f"| shape | parameters | size (MB) | latency (ms) | faster by | in budget | importance kept | {metric} "
-             "| retained | benchmark latency (ms) | search vs benchmark |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| retained | benchmark latency (ms) | search vs benchmark |", "|---" * 11 + "|"]
     ordered = sorted(record["shapes"], key=lambda s: s["latency_ms"])
     for shape in ordered:
         result = shape.get("result") or {}
@@ -435,8 +435,8 @@ def compress_markdown(record: dict) -> str:
               "latency measured there at the budget's batch size and length beside the teacher's, and the search's "
               "latency against it."]
     if record.get("meets_budget_measured") is not None:
-        lines += ["", f"Measured by the benchmark, the chosen student {'meets' if record['meets_budget_measured'] else 'does not meet'} "
-                  "the budget."]
+        verdict = "meets" if record["meets_budget_measured"] else "does not meet"
+        lines += ["", f"Measured by the benchmark, the chosen student {verdict} the budget."]
     return "\n".join(lines) + "\n"
 
 

@@ -84,7 +84,9 @@ def preflight(config: PipelineConfig) -> None:
         ConfigError: an unknown student preset or an impossible student shape; augmentation on for a task type that
             it would corrupt (question answering); unlabelled text a run cannot use (:func:`check_unlabelled`).
     """
-    kind = task_spec(config.task).type
+    spec = task_spec(config.task)
+    kind = spec.type
+    kind.check_options(spec)  # e.g. a sentence encoder's pooling and teacher_space, before any stage runs
     if kind.teacher_as_is and config.teacher.model is None:
         raise ConfigError(f"teacher.model: a {kind.description} task distils the encoder you deploy, as it is (it is "
                           "not fine-tuned here): name it with --teacher (e.g. --teacher minilm, --teacher mpnet, or a "

@@ -41,9 +41,9 @@ from distill.publish.report import (
     timing_key,
     write_report,
 )
-from distill.tasks.base import TaskSpec
+from distill.tasks.base import PAIRED, TaskSpec
 from distill.tasks.data import DataSource
-from distill.tasks.evaluate import PAIRED, evaluate_task
+from distill.tasks.evaluate import evaluate_task
 from distill.tasks.split import REPORT, half_key
 from teachers import (
     load_tokenizer,
@@ -165,6 +165,8 @@ def rescored(record: dict, folder: Path, config: PipelineConfig, spec: TaskSpec,
         metrics = evaluate_task(model, data, load_tokenizer(str(folder)), spec, config.task.max_seq_length,
                                 device=device)
         kept = {key: value for key, value in record.items() if key not in ("dev", "selection")}
-        updated = {**kept, "dev": metrics, "rescored": True, **ship_tuned(folder, model, spec, metrics)}
+        # scores against the teacher (a sentence encoder's in its space) are of the same weights: kept as they were
+        paired = {key: value for key, value in record.get("dev", {}).items() if PAIRED in key}
+        updated = {**kept, "dev": {**paired, **metrics}, "rescored": True, **ship_tuned(folder, model, spec, metrics)}
         write_json_atomic(folder / STAGE_FILE, updated)
     return updated

@@ -233,14 +233,43 @@ def teacher_canonical(values: dict) -> None:
         teacher.update({name: defaults[name] for name in FINE_TUNING_FIELDS if name in teacher})
 
 
+# Task options only the prediction step reads (a sentence encoder's map to the teacher's space): out of the run ids of
+# the stages before it, in the prediction step's only when set, so that the run ids made before them keep theirs.
+STUDENT_OPTIONS = ("teacher_space",)
+
+
+def without_student_options(values: dict) -> None:
+    """The hashed ``task`` section without the :data:`STUDENT_OPTIONS` (the teacher, augmentation and pruning
+    stages do not read them)."""
+    options = (values.get("task") or {}).get("options") if isinstance(values.get("task"), dict) else None
+    if isinstance(options, dict):
+        for name in STUDENT_OPTIONS:
+            options.pop(name, None)
+
+
+def teacher_stage_canonical(values: dict) -> None:
+    """:func:`teacher_canonical` and :func:`without_student_options`."""
+    teacher_canonical(values)
+    without_student_options(values)
+
+
+def student_canonical(values: dict) -> None:
+    """The prediction step's hashed ``task.options``: the :data:`STUDENT_OPTIONS` that are set (true), or nothing."""
+    options = values.pop("task.options", None) or {}
+    for name in STUDENT_OPTIONS:
+        if options.get(name):
+            values[f"task.options.{name}"] = options[name]
+
+
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
-    StageSpec("teacher", reads=("task", "teacher"), canonical=teacher_canonical),
+    StageSpec("teacher", reads=("task", "teacher"), canonical=teacher_stage_canonical),
     StageSpec("mlm", reads=("mlm",)),
-    StageSpec("augmented", reads=("task", "augment", "mlm.model"), inputs=("mlm",)),
+    StageSpec("augmented", reads=("task", "augment", "mlm.model"), inputs=("mlm",), canonical=without_student_options),
     StageSpec("teacher_logits", reads=("task.max_seq_length",), inputs=("teacher", "augmented")),
     # A student pruned from the fine-tuned teacher (student.init "pruned"): importance on the task's training data,
     # then the teacher cut to the student's shape and layers (distill.job.pruned).
-    StageSpec("pruned", reads=("task", "student", "distill.layer_map"), inputs=("teacher",)),
+    StageSpec("pruned", reads=("task", "student", "distill.layer_map"), inputs=("teacher",),
+              canonical=without_student_options),
     StageSpec("student_intermediate",
               reads=("task.max_seq_length", "student", "distill.layer_map", "distill.share_projection",
                      *INTERMEDIATE_WEIGHTS, "distill.relation_heads", "distill.hidden_loss", "distill.intermediate",
@@ -250,8 +279,8 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     StageSpec("teacher_outputs", reads=("task.max_seq_length", "distill.teacher_cache"), inputs=("teacher", "augmented")),
     StageSpec("student",
               reads=("task.max_seq_length", "distill.prediction", "distill.temperature", "distill.temperature_squared",
-                     "distill.hard_label_weight", *PREDICTION_WEIGHTS),
-              inputs=("student_intermediate", "teacher_logits")),
+                     "distill.hard_label_weight", *PREDICTION_WEIGHTS, "task.options"),
+              inputs=("student_intermediate", "teacher_logits"), canonical=student_canonical),
 )}
 
 

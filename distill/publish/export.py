@@ -53,6 +53,18 @@ def output_names(model: torch.nn.Module, probe: dict) -> list[str]:
         return [name for name in model(**probe).keys() if name not in ("hidden_states", "attentions")]
 
 
+def graph_module(model: torch.nn.Module) -> torch.nn.Module:
+    """What of ``model`` an ONNX file holds: the model, or the part it names as its ``graph_module`` (a sentence
+    encoder with a map after its pooling: the encoder, as sentence-transformers' ONNX backend runs it)."""
+    return getattr(model, "graph_module", model)
+
+
+def around(model: torch.nn.Module, session):
+    """``session`` (an ONNX Runtime runner of :func:`graph_module`) with what ``model`` runs after that part, so its
+    outputs are scored as the model's."""
+    return model.around(session) if hasattr(model, "around") else session
+
+
 def export_onnx(model: torch.nn.Module, path: Path, max_length: int, task_type) -> float:
     """Export a model with a head to ONNX with dynamic batch size and length, its outputs named as the model names
     them (:func:`output_names`, as Optimum and ``pipeline()`` expect); returns the largest absolute difference of its
@@ -228,7 +240,7 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     if model.config.to_json_string() != before:  # a student saved without them gets them beside its weights
         model.config.save_pretrained(folder)
     tuned = saved_settings(model.config, spec)  # a multi-label decision threshold, chosen on dev's tuning half
-    export_onnx(model, out / FILES["onnx"], max(128, max_seq_length), spec.type)
+    export_onnx(graph_module(model), out / FILES["onnx"], max(128, max_seq_length), spec.type)
     names = [FILES["onnx"]]
     if int8:
         quantize_onnx(out / FILES["onnx"], out / FILES["onnx-int8"])
@@ -244,7 +256,8 @@ def export_student(folder: Path, spec: TaskSpec, dev, max_seq_length: int, int8:
     labels = encoded["labels"]  # (N,), per example (T_i,) for token classification, a record per QA feature
     files = {}
     for name in names:
-        logits = predict(OnnxClassifier(out / name), encoded, tokenizer, task_type=spec.type, device="cpu")
+        logits = predict(around(model, OnnxClassifier(out / name)), encoded, tokenizer, task_type=spec.type,
+                         device="cpu")
         same = spec.type.same_prediction(logits, reference, spec, labels)
         difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(logits, reference))
         files[name] = {"size_mb": (out / name).stat().st_size / 1e6,

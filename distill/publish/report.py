@@ -33,8 +33,10 @@ MAX_SPREAD = 0.25
 
 
 def size_mb(model_dir: Path) -> float:
-    """On-disk size of the weight files (``*.safetensors``/``*.bin``) in ``model_dir``, in MB (10^6 bytes)."""
-    files = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("pytorch_model*.bin"))
+    """On-disk size of the weight files (``*.safetensors``/``*.bin``) in ``model_dir`` and of a sentence-transformers
+    Dense module's (the map a sentence encoder runs after its pooling), in MB (10^6 bytes)."""
+    files = [*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin"),
+             *model_dir.glob("*_Dense/*.safetensors")]
     return sum(f.stat().st_size for f in files) / 1e6
 
 

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 DEFAULT_TYPE = "sequence_classification"
 
 
+# The key prefix of a student's scores read against its teacher's outputs (:meth:`TaskType.paired_metrics`).
+PAIRED = "teacher_index"
+
+
 class ModelError(ValueError):
     """A checkpoint is missing, of the wrong kind, or incompatible with the task or the other model."""
 
@@ -200,6 +204,13 @@ class TaskType:
         width). ``projection``: the intermediate step's learnt hidden-state projection W_h (H_S -> H_T, TinyBERT
         Eq. 8), None where it had none."""
         return student
+
+    def check_options(self, spec: TaskSpec) -> None:
+        """Check the task's options (``task.options``) that this type reads before any stage runs (the job's
+        preflight). This default: none to check.
+
+        Raises:
+            DataError: an option the type cannot take, naming it and the values it can."""
 
     def against_teacher(self, spec: TaskSpec, student, teacher) -> bool:
         """Whether the student's outputs are also scored against the teacher's (:meth:`paired_metrics`); this

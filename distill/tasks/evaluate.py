@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from distill.device import model_device, same_device
-from distill.tasks.base import TaskSpec, TaskType
+from distill.tasks.base import PAIRED, TaskSpec, TaskType
 from distill.tasks.data import collator, tokenize
 from distill.tasks.split import HalfScorer
 
@@ -125,8 +125,6 @@ def evaluate_task(model, data, tokenizer, spec: TaskSpec, max_seq_length: int, *
             halves=halves).items()})
     return metrics
 
-
-PAIRED = "teacher_index"  # the key prefix of metrics of the student's outputs read against the teacher's
 
 
 def evaluate_against_teacher(student, teacher, data, tokenizer, spec: TaskSpec, max_seq_length: int, *,

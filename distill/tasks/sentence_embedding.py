@@ -48,7 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distill.tasks.base import DataError, ModelError, TaskSpec, TaskType, pad_rows, register_task, register_task_type
+from distill.tasks.base import (PAIRED, DataError, ModelError, TaskSpec, TaskType, pad_rows, register_task,
+                                register_task_type)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ EMBEDDING_METRICS = ("spearman", "pearson")  # Spearman first: the primary metri
 RETRIEVAL_METRICS = ("mrr@10", "recall@1")  # a question against the passages: MRR@10 first
 POOLING_MODES = ("mean", "cls", "max")
 DENSE_TYPE = "sentence_transformers.models.Dense"
+DENSE_FOLDER = "2_Dense"  # where a student that keeps the teacher's space ships its map
 IDENTITY = "torch.nn.modules.linear.Identity"  # the Dense module's activation, as sentence-transformers names it
 
 
@@ -85,7 +87,9 @@ def teacher_space(spec: TaskSpec) -> bool:
         DataError: ``teacher_space`` with max pooling (the map is applied before the pooling, which only the mean
             and the first token's commute with).
     """
-    keep = bool(spec.options.get("teacher_space", False))
+    keep = spec.options.get("teacher_space", False)
+    if not isinstance(keep, bool):
+        raise DataError(f"task.options.teacher_space: true or false, got {keep!r}")
     if keep and pooling(spec)[0] == "max":
         raise DataError("task.options.teacher_space: the map to the teacher's width needs mean or cls pooling "
                         "(task.options.pooling), not max; or set task.options.teacher_space: false")
@@ -109,22 +113,40 @@ class ProjectedEncoder(nn.Module):
 
     @property
     def config(self):
+        """The encoder's config (``hidden_size`` is the encoder's width, H_S; the map's is ``projection``'s)."""
         return self.encoder.config
 
     def get_input_embeddings(self) -> nn.Module:
+        """The encoder's token embeddings (the report counts parameters without them)."""
         return self.encoder.get_input_embeddings()
 
+    @property
+    def graph_module(self):
+        """What an ONNX export writes: the encoder alone, as sentence-transformers' ONNX backend runs the folder's
+        first module (the Dense map runs after its pooling)."""
+        return self.encoder
+
+    def around(self, encoder) -> "ProjectedEncoder":
+        """This map after another runner of the encoder (an ONNX Runtime session), to score its outputs as this
+        model's."""
+        return ProjectedEncoder(encoder, self.projection)
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **kwargs):
+        """The encoder's outputs with ``last_hidden_state`` mapped: (B, T, H_S) -> (B, T, H_out)."""
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         outputs = self.encoder(**{k: v for k, v in inputs.items() if v is not None}, **kwargs)
         outputs.last_hidden_state = self.projection(outputs.last_hidden_state)
         return outputs
 
     def save_pretrained(self, folder, **kwargs) -> None:
-        """The encoder as `transformers` saves it, and the map as sentence-transformers' Dense module in
-        ``folder/2_Dense`` (``config.json``, ``model.safetensors``); :func:`write_sentence_transformers` lists it."""
+        """The encoder as `transformers` saves it, with ``config.sentence_embedding["dense"]`` naming the map's
+        folder, and the map as sentence-transformers' Dense module in ``folder/2_Dense`` (``config.json``,
+        ``model.safetensors``); :func:`write_sentence_transformers` lists it. ``AutoModel.from_pretrained`` of the
+        folder gives the encoder alone; ``SentenceTransformer(folder)`` and this type's model class run the map."""
+        config = self.encoder.config
+        config.sentence_embedding = {**(getattr(config, "sentence_embedding", None) or {}), "dense": DENSE_FOLDER}
         self.encoder.save_pretrained(folder, **kwargs)
-        write_dense(Path(folder) / "2_Dense", self.projection)
+        write_dense(Path(folder) / DENSE_FOLDER, self.projection)
 
 
 def write_dense(folder: Path, projection: nn.Linear) -> None:
@@ -172,9 +194,11 @@ def read_dense(folder) -> nn.Linear | None:
 
 
 class SentenceEncoder:
-    """The model class of the type: ``from_pretrained`` loads a folder's encoder (``AutoModel``) and, when the
-    folder is a sentence-transformers one with a Dense module, returns it with that map
-    (:class:`ProjectedEncoder`)."""
+    """The model class of the type: ``from_pretrained`` loads a folder's encoder (``AutoModel``) and, for a student
+    saved with a map to its teacher's space (``config.sentence_embedding["dense"]``, :meth:`ProjectedEncoder.
+    save_pretrained`), returns it with that map (:class:`ProjectedEncoder`). A sentence-transformers folder of
+    another make with a Dense module is refused: its embeddings are not its encoder's, and this type reads the
+    encoder's."""
 
     @staticmethod
     def from_config(config, **kwargs):
@@ -185,11 +209,22 @@ class SentenceEncoder:
 
     @staticmethod
     def from_pretrained(folder, **kwargs):
+        """``AutoModel.from_pretrained(folder, **kwargs)``, with the folder's map when it was saved with one.
+
+        Raises:
+            ModelError: a local sentence-transformers folder with a Dense module this project did not save (or one
+                it cannot read, :func:`read_dense`).
+        """
         from transformers import AutoModel
 
         loaded = AutoModel.from_pretrained(folder, **kwargs)
         encoder, info = loaded if kwargs.get("output_loading_info") else (loaded, None)
+        dense = (getattr(encoder.config, "sentence_embedding", None) or {}).get("dense")
         projection = read_dense(folder) if Path(str(folder)).is_dir() else None
+        if projection is not None and dense is None:
+            raise ModelError(f"{folder}: its modules.json runs a Dense module after the pooling, so its embeddings "
+                             "are not its encoder's; distilling such an encoder is not supported here: give one "
+                             "whose modules are Transformer, Pooling (and Normalize)")
         model = encoder if projection is None else ProjectedEncoder(encoder, projection)
         return (model, info) if info is not None else model
 
@@ -286,8 +321,8 @@ def write_sentence_transformers(folder: Path, hidden_size: int, mode: str, norma
     folder = Path(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if (folder / "2_Dense" / "config.json").is_file():
-        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": DENSE_TYPE})
+    if (folder / DENSE_FOLDER / "config.json").is_file():
+        modules.append({"idx": 2, "name": "2", "path": DENSE_FOLDER, "type": DENSE_TYPE})
     if normalize:
         path = f"{len(modules)}_Normalize"
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
@@ -328,7 +363,7 @@ class SentenceEmbedding(TaskType):
     name = "sentence_embedding"
     metric_names = EMBEDDING_METRICS + RETRIEVAL_METRICS
     # the student's embeddings read against the teacher's, where they share its space (:meth:`paired_metrics`)
-    summary_metrics = tuple(f"teacher_index/{name}" for name in EMBEDDING_METRICS + RETRIEVAL_METRICS)
+    summary_metrics = tuple(f"{PAIRED}/{name}" for name in EMBEDDING_METRICS + RETRIEVAL_METRICS)
     per_token = True
     pipeline_tag = "sentence-similarity"
     library_name = "sentence-transformers"
@@ -344,11 +379,13 @@ class SentenceEmbedding(TaskType):
     def prediction_model(self, spec, student, teacher, projection=None):
         """With ``task.options.teacher_space`` and a student narrower than the teacher, the student with a map of
         its embeddings to the teacher's width (:class:`ProjectedEncoder`), starting as ``projection`` (the
-        intermediate step's W_h) when it fits, else as ``nn.Linear``'s draw."""
+        intermediate step's W_h) when it fits, else as ``nn.Linear``'s draw from seed 0."""
         width, target = student.config.hidden_size, teacher.config.hidden_size
         if not teacher_space(spec) or width == target or isinstance(student, ProjectedEncoder):
             return student
-        linear = nn.Linear(width, target)
+        with torch.random.fork_rng(devices=[]):  # drawn the same on every run, whatever the global RNG's state
+            torch.manual_seed(0)
+            linear = nn.Linear(width, target)
         if projection is not None and projection.weight.shape == linear.weight.shape:
             linear.load_state_dict(projection.state_dict())
             logger.info("the map to the teacher's space (%d -> %d) starts as the intermediate step's W_h",
@@ -440,6 +477,24 @@ class SentenceEmbedding(TaskType):
 
     def row_examples(self, labels):
         return [label["example"] for label in labels]
+
+    def check_options(self, spec):
+        pooling(spec)
+        teacher_space(spec)
+
+    def report_sections(self, spec, metrics):
+        """The student's scores against the teacher's embeddings (``teacher_index/``), where it was scored so."""
+        rows = [(name, {key.replace(f"{PAIRED}/", ""): value for key, value in found.items() if PAIRED in key})
+                for name, found in metrics.items()]
+        rows = [(name, found) for name, found in rows if found]
+        if not rows:
+            return []
+        keys = list(rows[0][1])
+        lines = ["Against the teacher's embeddings (the student's questions searched among the teacher's passages, "
+                 "or each pair's cosine between the student's embedding of one sentence and the teacher's of the "
+                 "other):", "", "| model | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        lines += [f"| {name} | " + " | ".join(f"{found[key]:.4f}" for key in keys) + " |" for name, found in rows]
+        return lines
 
     def against_teacher(self, spec, student, teacher):
         """Where the student embeds in the teacher's width (its own, or mapped to it: ``teacher_space``)."""
