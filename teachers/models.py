@@ -62,11 +62,15 @@ def load_teacher(name_or_path: str, spec: TaskSpec, remap_labels: bool = False) 
     Raises:
         ModelError: the checkpoint has no trained classification head (a pre-trained encoder, or another head), its
             number of labels differs from the task's, or its named labels are in another order (and
-            ``remap_labels`` is off, or they are not the task's labels at all).
+            ``remap_labels`` is off, or they are not the task's labels at all); a model that is not one
+            `transformers` model (a sentence encoder saved with a map after it).
     """
     config = load_config(name_or_path)
     order = check_teacher_config(config, spec, name_or_path, remap_labels)
     model, info = spec.type.model_class(spec).from_pretrained(resolve_model(name_or_path), output_loading_info=True)
+    if not hasattr(model, "base_model"):  # not one transformers model (a student with a map after its encoder)
+        raise ModelError(f"teacher {name_or_path!r} is a {type(model).__name__} (an encoder and a learnt map after "
+                         "it), which cannot be distilled layer by layer; give a teacher that is one transformers model")
     missing = [key for key in info["missing_keys"] if not (spec.type.teacher_as_is and key.startswith("pooler."))]
     if missing:
         raise ModelError(

@@ -224,6 +224,11 @@ def test_the_map_to_the_teachers_width_is_the_dense_module_after_the_pooling_and
     with torch.no_grad():
         expected = pool(model(**batch).last_hidden_state, batch["attention_mask"], "mean", normalize=True)
     torch.testing.assert_close(found.float(), expected, rtol=1e-4, atol=1e-5)
+    from distill.tasks import ModelError
+    from teachers.models import load_teacher
+
+    with pytest.raises(ModelError, match="cannot be distilled layer by layer"):  # a mapped student as a teacher
+        load_teacher(str(tmp_path), SPEC)
     # a folder without a Dense module loads as the bare encoder
     encoder.save_pretrained(tmp_path / "bare")
     assert read_dense(tmp_path / "bare") is None
