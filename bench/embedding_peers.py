@@ -31,9 +31,12 @@ its worker process, so not interleaved with the others. Sizes: the folder each l
 configs), under ``OUTPUT``.
 
 Usage: nice -n 10 python bench/embedding_peers.py --student runs/stsb_embedding/student [--teacher minilm]
-       [--data-dir /work/shared/data/glue/STS-B] [--output-dir /work/peers] [--train-batch-sizes 64 32]
-       [--model2vec-python /work/m2v_venv/bin/python] [--threads 2] [--repeats 20] [--warmup 3]
+       [--data-dir ../shared/data/glue/STS-B] [--output-dir runs/embedding_peers] [--train-batch-sizes 64 32]
+       [--model2vec-python .venv-model2vec/bin/python] [--threads 2] [--repeats 20] [--warmup 3]
 It writes OUTPUT/embedding_peers.md (the table) and OUTPUT/embedding_peers.json; the last line printed is the JSON.
+Model2Vec's own environment (its distillation pins another transformers than this project's):
+    python3 -m venv .venv-model2vec && .venv-model2vec/bin/pip install torch==2.13.0 \
+        "model2vec[distill,quantization]==0.10.0"
 """
 
 from __future__ import annotations
@@ -204,15 +207,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--student", help="our distilled student (a sentence-transformers folder)")
     parser.add_argument("--teacher", default="minilm", help="the teacher: an asset name or a folder")
-    parser.add_argument("--data-dir", default="/work/shared/data/glue/STS-B", help="the GLUE STS-B folder")
-    parser.add_argument("--output-dir", default="/work/peers")
+    parser.add_argument("--data-dir", default="../shared/data/glue/STS-B", help="the GLUE STS-B folder")
+    parser.add_argument("--output-dir", default="runs/embedding_peers")
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 2, 4], help="teacher layers the ST peer keeps")
     parser.add_argument("--train-batch-sizes", type=int, nargs="+", default=[64, 32])
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--pca-dims", type=int, default=256)
-    parser.add_argument("--model2vec-python", default="/work/m2v_venv/bin/python",
+    parser.add_argument("--model2vec-python", default=".venv-model2vec/bin/python",
                         help="python of a venv with model2vec[distill]; '' leaves the row out")
     parser.add_argument("--latency-sentences", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
