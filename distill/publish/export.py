@@ -32,6 +32,7 @@ from transformers import AutoTokenizer
 from distill.method.checkpoint import write_json_atomic
 from distill.tasks.data import TaskSpec, tokenize
 from distill.tasks.evaluate import compute_metrics, predict
+from distill.publish.report import weight_files
 from distill.publish.runtime import OnnxClassifier, quantize_torch  # noqa: F401  (also imported from here)
 from distill.tasks import check_model_head, record_serving, saved_settings
 
@@ -175,8 +176,7 @@ def weights_hash(folder: Path) -> str:
     """SHA-256 (first 16 hex digits) of a checkpoint's weight files (and of a sentence-transformers Dense module's,
     which the model runs after the pooling): what an export was made from."""
     digest = hashlib.sha256()
-    for path in sorted([*folder.glob("*.safetensors"), *folder.glob("pytorch_model*.bin"),
-                        *folder.glob("*_Dense/*.safetensors")]):
+    for path in weight_files(folder):
         if path.name == "projections.safetensors":
             continue
         with path.open("rb") as handle:

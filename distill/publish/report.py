@@ -32,12 +32,16 @@ logger = logging.getLogger(__name__)
 MAX_SPREAD = 0.25
 
 
+def weight_files(model_dir: Path) -> list[Path]:
+    """The weight files of a checkpoint folder (``*.safetensors``/``pytorch_model*.bin``) and of a
+    sentence-transformers Dense module in it (the map a sentence encoder runs after its pooling), sorted."""
+    return sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin"),
+                   *model_dir.glob("*_Dense/*.safetensors")])
+
+
 def size_mb(model_dir: Path) -> float:
-    """On-disk size of the weight files (``*.safetensors``/``*.bin``) in ``model_dir`` and of a sentence-transformers
-    Dense module's (the map a sentence encoder runs after its pooling), in MB (10^6 bytes)."""
-    files = [*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin"),
-             *model_dir.glob("*_Dense/*.safetensors")]
-    return sum(f.stat().st_size for f in files) / 1e6
+    """On-disk size of :func:`weight_files` in ``model_dir``, in MB (10^6 bytes)."""
+    return sum(f.stat().st_size for f in weight_files(model_dir)) / 1e6
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:
